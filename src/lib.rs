@@ -1,0 +1,9 @@
+//! lockedjob: run each scheduled job exactly once across replicas and clusters, coordinated with
+//! Redlock over independent Redis nodes and fenced with tokens that only grow.
+//!
+//! Layers, each depending only on those before it: [`redlock`] (the lock engine, no Kubernetes),
+//! [`exec`] (run a command under a lock).
+
+pub mod exec;
+pub mod metrics;
+pub mod redlock;

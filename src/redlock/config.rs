@@ -1,0 +1,308 @@
+//! Engine configuration and its validation. Everything a user can get wrong is caught here,
+//! before any node is contacted, with an error that says how to fix it.
+
+use super::error::ConfigError;
+use super::timing::drift_allowance;
+use redis::{ConnectionAddr, IntoConnectionInfo};
+use std::time::Duration;
+
+/// Defaults of the protocol (DESIGN.md).
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_millis(50);
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
+pub const DEFAULT_DRIFT_FACTOR: f64 = 0.01;
+pub const DEFAULT_KEY_PREFIX: &str = "lockedjob";
+pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
+
+/// Credentials applied to every node, overriding any in the URLs (e.g. from a Secret via env).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Credentials {
+    pub username: Option<String>,
+    pub password: Option<String>,
+}
+
+/// How the engine talks to its nodes and retries.
+#[derive(Debug, Clone)]
+pub struct RedlockConfig {
+    /// One URL per independent Redis node: `redis://[user:pass@]host:port[/db]` or `rediss://`.
+    pub nodes: Vec<String>,
+    pub credentials: Credentials,
+    /// Bound on each request to one node. A dead or hung node costs this much, never more.
+    pub request_timeout: Duration,
+    /// Bound on establishing a connection; it runs in the background, so a slow handshake
+    /// delays nothing beyond one request timeout.
+    pub connect_timeout: Duration,
+    /// Share of the TTL by which node clocks may run fast.
+    pub drift_factor: f64,
+    /// Extra attempts `acquire` makes after the first (bounded also by its wait limit).
+    pub retry_count: u32,
+    /// Full-jitter backoff between attempts: uniform in `[0, min(max, base * 2^n)]`.
+    pub retry_base_delay: Duration,
+    pub retry_max_delay: Duration,
+    /// Keys are `{prefix}:lock:{name}` and `{prefix}:fence:{name}`.
+    pub key_prefix: String,
+    /// First part of every lock value, `{clusterId}/{podName}`: says who holds a lock.
+    pub holder: String,
+}
+
+impl RedlockConfig {
+    pub fn new(nodes: Vec<String>) -> Self {
+        Self {
+            nodes,
+            credentials: Credentials::default(),
+            request_timeout: DEFAULT_REQUEST_TIMEOUT,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            drift_factor: DEFAULT_DRIFT_FACTOR,
+            retry_count: 3,
+            retry_base_delay: Duration::from_millis(50),
+            retry_max_delay: Duration::from_secs(1),
+            key_prefix: DEFAULT_KEY_PREFIX.to_string(),
+            holder: default_holder(),
+        }
+    }
+
+    /// Checks the configuration and parses every node address.
+    pub(crate) fn parse_nodes(&self) -> Result<Vec<ParsedNode>, ConfigError> {
+        if self.nodes.is_empty() {
+            return Err(ConfigError::NoNodes);
+        }
+        if self.request_timeout.is_zero() {
+            return Err(ConfigError::ZeroRequestTimeout);
+        }
+        if !(0.0..=0.5).contains(&self.drift_factor) || self.drift_factor.is_nan() {
+            return Err(ConfigError::BadDriftFactor(self.drift_factor.to_string()));
+        }
+        if self.key_prefix.is_empty() || self.key_prefix.chars().any(char::is_whitespace) {
+            return Err(ConfigError::BadPrefix(self.key_prefix.clone()));
+        }
+        let mut parsed: Vec<ParsedNode> = Vec::with_capacity(self.nodes.len());
+        for url in &self.nodes {
+            let node = parse_node(url, &self.credentials)?;
+            if parsed.iter().any(|p| p.label == node.label) {
+                return Err(ConfigError::DuplicateNode { node: node.label });
+            }
+            parsed.push(node);
+        }
+        if parsed.len() % 2 == 0 {
+            tracing::warn!(
+                nodes = parsed.len(),
+                "an even number of Redis nodes tolerates no more failures than one node fewer; use an odd number"
+            );
+        }
+        Ok(parsed)
+    }
+}
+
+/// `{clusterId}/{podName}` from the environment the operator and `exec` run in.
+pub fn default_holder() -> String {
+    let cluster = std::env::var("LOCKEDJOB_CLUSTER_ID").unwrap_or_else(|_| "local".into());
+    let pod = std::env::var("POD_NAME")
+        .or_else(|_| std::env::var("HOSTNAME"))
+        .unwrap_or_else(|_| format!("pid-{}", std::process::id()));
+    format!("{cluster}/{pod}")
+}
+
+/// Splits `a,b , c` (as in `--redis` or `LOCKEDJOB_REDIS_URLS`) into URLs.
+pub fn split_node_list(list: &str) -> Vec<String> {
+    list.split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(String::from)
+        .collect()
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct ParsedNode {
+    /// Address without credentials, safe to log.
+    pub label: String,
+    pub info: redis::ConnectionInfo,
+}
+
+fn parse_node(url: &str, credentials: &Credentials) -> Result<ParsedNode, ConfigError> {
+    let bad = |reason: &str| ConfigError::BadUrl {
+        url: redact(url),
+        reason: reason.to_string(),
+    };
+    if !(url.starts_with("redis://") || url.starts_with("rediss://")) {
+        return Err(bad("the scheme must be redis:// or rediss://"));
+    }
+    let info = url
+        .into_connection_info()
+        .map_err(|e| bad(&e.to_string()))?;
+    let (scheme, host, port) = match info.addr() {
+        ConnectionAddr::Tcp(host, port) => ("redis", host.clone(), *port),
+        ConnectionAddr::TcpTls { host, port, .. } => ("rediss", host.clone(), *port),
+        _ => return Err(bad("only TCP addresses are supported")),
+    };
+    if host.is_empty() {
+        return Err(bad("the host is missing"));
+    }
+    let mut settings = info.redis_settings().clone();
+    if let Some(user) = &credentials.username {
+        settings = settings.set_username(user);
+    }
+    if let Some(password) = &credentials.password {
+        settings = settings.set_password(password);
+    }
+    let label = format!("{scheme}://{host}:{port}/{}", settings.db());
+    Ok(ParsedNode {
+        label,
+        info: info.set_redis_settings(settings),
+    })
+}
+
+/// Hides the password of a URL for error messages.
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme_end), Some(at)) if at > scheme_end => {
+            format!("{}://***@{}", &url[..scheme_end], &url[at + 1..])
+        }
+        _ => url.to_string(),
+    }
+}
+
+/// Lease timing: TTL, how often the watchdog renews, and how long before the deadline it gives
+/// up. Validated together because each bound depends on the others.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaseTiming {
+    pub ttl: Duration,
+    pub renew_interval: Duration,
+    pub safety_margin: Duration,
+}
+
+impl LeaseTiming {
+    /// Defaults from a TTL: renew every ttl/3, give up ttl/10 (at most 2 s) before the deadline.
+    pub fn from_ttl(ttl: Duration) -> Self {
+        Self {
+            ttl,
+            renew_interval: ttl / 3,
+            safety_margin: (ttl / 10).min(Duration::from_secs(2)),
+        }
+    }
+
+    pub fn validate(&self, drift_factor: f64) -> Result<(), ConfigError> {
+        if self.ttl.is_zero() {
+            return Err(ConfigError::ZeroTtl);
+        }
+        let drift = drift_allowance(self.ttl, drift_factor);
+        if self.ttl < Duration::from_millis(100) || self.ttl <= drift * 2 {
+            return Err(ConfigError::TtlTooShort {
+                ttl: self.ttl,
+                drift,
+            });
+        }
+        if self.renew_interval.is_zero() || self.renew_interval >= self.ttl {
+            return Err(ConfigError::RenewNotBelowTtl {
+                renew: self.renew_interval,
+                ttl: self.ttl,
+            });
+        }
+        if self.safety_margin + self.renew_interval + drift >= self.ttl {
+            return Err(ConfigError::MarginTooLarge {
+                margin: self.safety_margin,
+                renew: self.renew_interval,
+                ttl: self.ttl,
+            });
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(nodes: &[&str]) -> RedlockConfig {
+        RedlockConfig::new(nodes.iter().map(|s| s.to_string()).collect())
+    }
+
+    #[test]
+    fn node_lists_are_checked() {
+        let table: &[(&[&str], Result<usize, &str>)] = &[
+            (&[], Err("no Redis nodes")),
+            (&["redis://127.0.0.1:1"], Ok(1)),
+            (&["redis://a:1", "rediss://b:2", "redis://u:p@c:3/2"], Ok(3)),
+            (&["http://a:1"], Err("scheme must be redis://")),
+            (&["redis://a:1", "redis://a:1"], Err("listed twice")),
+            (&["redis://:secret@a:notaport"], Err("not valid")),
+        ];
+        for (nodes, expected) in table {
+            let got = config(nodes).parse_nodes();
+            match (got, expected) {
+                (Ok(parsed), Ok(n)) => assert_eq!(parsed.len(), *n, "{nodes:?}"),
+                (Err(e), Err(fragment)) => {
+                    let text = e.to_string();
+                    assert!(text.contains(fragment), "{nodes:?}: {text}");
+                    assert!(!text.contains("secret"), "password leaked: {text}");
+                }
+                (got, expected) => panic!("{nodes:?}: got {got:?}, expected {expected:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn labels_hide_credentials_and_credentials_override() {
+        let mut cfg = config(&["redis://alice:s3cret@10.0.0.1:6380/1"]);
+        cfg.credentials.password = Some("fromenv".into());
+        let parsed = cfg.parse_nodes().unwrap();
+        assert_eq!(parsed[0].label, "redis://10.0.0.1:6380/1");
+        assert_eq!(parsed[0].info.redis_settings().password(), Some("fromenv"));
+        assert_eq!(parsed[0].info.redis_settings().username(), Some("alice"));
+    }
+
+    #[test]
+    fn bad_engine_settings_are_refused() {
+        let mut cfg = config(&["redis://a:1"]);
+        cfg.request_timeout = Duration::ZERO;
+        assert_eq!(
+            cfg.parse_nodes().unwrap_err(),
+            ConfigError::ZeroRequestTimeout
+        );
+        let mut cfg = config(&["redis://a:1"]);
+        cfg.drift_factor = 0.9;
+        assert!(matches!(
+            cfg.parse_nodes(),
+            Err(ConfigError::BadDriftFactor(_))
+        ));
+        let mut cfg = config(&["redis://a:1"]);
+        cfg.key_prefix = "a b".into();
+        assert!(matches!(cfg.parse_nodes(), Err(ConfigError::BadPrefix(_))));
+    }
+
+    #[test]
+    fn lease_timing_rules() {
+        let s = Duration::from_secs;
+        let ms = Duration::from_millis;
+        let t = |ttl, renew, margin| LeaseTiming {
+            ttl,
+            renew_interval: renew,
+            safety_margin: margin,
+        };
+        let table = [
+            (LeaseTiming::from_ttl(s(30)), None),
+            (LeaseTiming::from_ttl(ms(300)), None),
+            (t(s(0), s(0), s(0)), Some("greater than zero")),
+            (t(ms(50), ms(10), ms(1)), Some("at least 100ms")),
+            (t(s(10), s(10), s(1)), Some("shorter than the TTL")),
+            (t(s(10), s(20), s(1)), Some("shorter than the TTL")),
+            (t(s(10), s(5), s(5)), Some("safety margin")),
+        ];
+        for (timing, expected) in table {
+            let got = timing.validate(DEFAULT_DRIFT_FACTOR);
+            match (got, expected) {
+                (Ok(()), None) => {}
+                (Err(e), Some(fragment)) => {
+                    assert!(e.to_string().contains(fragment), "{timing:?}: {e}")
+                }
+                (got, expected) => panic!("{timing:?}: got {got:?}, expected {expected:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn node_lists_split_on_commas() {
+        assert_eq!(
+            split_node_list(" redis://a:1, redis://b:2 ,,"),
+            vec!["redis://a:1", "redis://b:2"]
+        );
+    }
+}

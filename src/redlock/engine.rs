@@ -1,0 +1,433 @@
+//! Redlock over N independent nodes, with a two-phase fencing token (DESIGN.md).
+
+use super::config::RedlockConfig;
+use super::error::ConfigError;
+use super::error::{LockError, NodeErrorKind, NodeFailure};
+use super::lease::Lease;
+use super::node::Node;
+use super::scripts;
+use super::timing::{backoff, drift_allowance, quorum, validity};
+use crate::metrics::{self, Outcome};
+use futures::future::join_all;
+use redis::FromRedisValue;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Phase-2 rounds before a token conflict is reported instead of retried.
+const MAX_FENCE_ROUNDS: u32 = 3;
+
+/// The lock engine. Cheap to clone; clones share connections.
+#[derive(Clone)]
+pub struct Redlock {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    nodes: Vec<Node>,
+    config: RedlockConfig,
+    quorum: usize,
+    /// When false, requests go to one node after the other (only for the benchmark's baseline).
+    parallel: bool,
+}
+
+/// What each node said in one round.
+struct Round<T> {
+    replies: Vec<(usize, T)>,
+    failures: Vec<NodeFailure>,
+}
+
+impl Redlock {
+    /// Validates the configuration. Connects lazily: nodes that are down now are retried on use.
+    pub fn new(config: RedlockConfig) -> Result<Self, ConfigError> {
+        let parsed = config.parse_nodes()?;
+        let nodes = parsed
+            .into_iter()
+            .map(|node| {
+                let label = node.label.clone();
+                Node::new(node, config.request_timeout, config.connect_timeout).map_err(|e| {
+                    ConfigError::BadUrl {
+                        url: label,
+                        reason: e.to_string(),
+                    }
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                quorum: quorum(nodes.len()),
+                nodes,
+                config,
+                parallel: true,
+            }),
+        })
+    }
+
+    /// The same engine, but asking nodes one after the other: a baseline for the benchmark.
+    pub fn new_sequential(config: RedlockConfig) -> Result<Self, ConfigError> {
+        let engine = Self::new(config)?;
+        let inner = Arc::try_unwrap(engine.inner).unwrap_or_else(|_| unreachable!("fresh Arc"));
+        Ok(Self {
+            inner: Arc::new(Inner {
+                parallel: false,
+                ..inner
+            }),
+        })
+    }
+
+    pub fn config(&self) -> &RedlockConfig {
+        &self.inner.config
+    }
+
+    pub fn quorum(&self) -> usize {
+        self.inner.quorum
+    }
+
+    /// Node addresses, credentials removed.
+    pub fn node_labels(&self) -> Vec<String> {
+        self.inner.nodes.iter().map(|n| n.label.clone()).collect()
+    }
+
+    pub fn lock_key(&self, name: &str) -> String {
+        format!("{}:lock:{name}", self.inner.config.key_prefix)
+    }
+
+    pub fn fence_key(&self, name: &str) -> String {
+        format!("{}:fence:{name}", self.inner.config.key_prefix)
+    }
+
+    /// One attempt, no retries.
+    pub async fn try_acquire(&self, name: &str, ttl: Duration) -> Result<Lease, LockError> {
+        let started = Instant::now();
+        let result = self.attempt(name, ttl).await;
+        metrics::record_acquire(outcome_of(&result), started.elapsed());
+        result
+    }
+
+    /// Attempts until success, retrying with full-jitter backoff. With `wait`, retries until
+    /// that much time has passed; without, makes `retry_count` extra attempts.
+    pub async fn acquire(
+        &self,
+        name: &str,
+        ttl: Duration,
+        wait: Option<Duration>,
+    ) -> Result<Lease, LockError> {
+        let started = Instant::now();
+        let config = &self.inner.config;
+        let mut attempt: u32 = 0;
+        loop {
+            let last = match self.try_acquire(name, ttl).await {
+                Ok(lease) => return Ok(lease),
+                Err(LockError::Config(e)) => return Err(e.into()),
+                Err(e) => e,
+            };
+            let delay = backoff(
+                attempt,
+                config.retry_base_delay,
+                config.retry_max_delay,
+                rand::random::<f64>(),
+            );
+            attempt += 1;
+            let give_up = match wait {
+                Some(wait) => started.elapsed() + delay >= wait,
+                None => attempt > config.retry_count,
+            };
+            if give_up {
+                return Err(LockError::WaitExpired {
+                    lock: name.to_string(),
+                    waited: started.elapsed(),
+                    attempts: attempt,
+                    last: Box::new(last),
+                });
+            }
+            tokio::time::sleep(delay).await;
+        }
+    }
+
+    async fn attempt(&self, name: &str, ttl: Duration) -> Result<Lease, LockError> {
+        if name.is_empty() {
+            return Err(ConfigError::EmptyLockName.into());
+        }
+        let drift = drift_allowance(ttl, self.inner.config.drift_factor);
+        if ttl.is_zero() {
+            return Err(ConfigError::ZeroTtl.into());
+        }
+        if ttl <= drift {
+            return Err(ConfigError::TtlTooShort { ttl, drift }.into());
+        }
+        let lock_key = self.lock_key(name);
+        let fence_key = self.fence_key(name);
+        let value = format!(
+            "{}/{:032x}",
+            self.inner.config.holder,
+            rand::random::<u128>()
+        );
+        let ttl_ms = ttl.as_millis().max(1) as u64;
+        let start = Instant::now();
+
+        // Phase 1: take the lock and read the fence where it was free.
+        let mut grant = scripts::ACQUIRE.prepare_invoke();
+        grant.key(&lock_key).key(&fence_key).arg(&value).arg(ttl_ms);
+        let phase1 = self.round::<i64>(&grant, None).await;
+        let mut failures = phase1.failures;
+        let mut held = 0;
+        let mut fences = Vec::with_capacity(phase1.replies.len());
+        for (index, fence) in phase1.replies {
+            if fence >= 0 {
+                fences.push(fence as u64);
+            } else {
+                held += 1;
+                failures.push(self.failure(index, NodeErrorKind::WrongValue));
+            }
+        }
+        let nodes = self.inner.nodes.len();
+        let quorum = self.inner.quorum;
+        if fences.len() < quorum {
+            self.release_value(&lock_key, &value).await;
+            let (lock, granted) = (name.to_string(), fences.len());
+            return Err(if held > 0 {
+                LockError::Contended {
+                    lock,
+                    granted,
+                    quorum,
+                    nodes,
+                    failures,
+                }
+            } else {
+                LockError::NoQuorum {
+                    lock,
+                    granted,
+                    quorum,
+                    nodes,
+                    failures,
+                }
+            });
+        }
+
+        // Phase 2: the token is above every fence a quorum reported; raise the fence to it on
+        // every node. A node whose fence was already at or above the token saw another
+        // acquisition issue it (a concurrent holder after a clock jump, or an attempt that
+        // failed half-way through its own phase 2): go again above what was seen, so that the
+        // token we return is the first to reach a quorum and therefore unique.
+        let mut token = fences.iter().copied().max().unwrap_or(0) + 1;
+        let mut rounds = 0;
+        loop {
+            rounds += 1;
+            let mut raise = scripts::FENCE.prepare_invoke();
+            raise.key(&fence_key).arg(token);
+            let phase2 = self.round::<i64>(&raise, None).await;
+            let raised = phase2
+                .replies
+                .iter()
+                .filter(|(_, previous)| *previous < token as i64)
+                .count();
+            let seen = phase2.replies.iter().map(|(_, previous)| *previous).max();
+            if raised >= quorum {
+                break;
+            }
+            match seen {
+                Some(seen) if seen >= token as i64 && rounds < MAX_FENCE_ROUNDS => {
+                    token = seen as u64 + 1;
+                }
+                Some(seen) if seen >= token as i64 => {
+                    self.release_value(&lock_key, &value).await;
+                    return Err(LockError::FenceConflict {
+                        lock: name.to_string(),
+                        token,
+                        seen: seen as u64,
+                    });
+                }
+                _ => {
+                    self.release_value(&lock_key, &value).await;
+                    return Err(LockError::NoQuorum {
+                        lock: name.to_string(),
+                        granted: raised,
+                        quorum,
+                        nodes,
+                        failures: phase2.failures,
+                    });
+                }
+            }
+        }
+
+        let now = Instant::now();
+        let elapsed = now - start;
+        match validity(ttl, elapsed, self.inner.config.drift_factor) {
+            Some(left) => Ok(Lease {
+                name: name.to_string(),
+                value,
+                token,
+                ttl,
+                acquired_at: start,
+                deadline: now + left,
+            }),
+            None => {
+                self.release_value(&lock_key, &value).await;
+                Err(LockError::NoValidityLeft {
+                    lock: name.to_string(),
+                    elapsed,
+                    ttl,
+                })
+            }
+        }
+    }
+
+    /// Pushes the lease's expiry out by its TTL on a quorum, within the current validity. The new
+    /// deadline counts from the moment the extend began. Never re-creates an expired key.
+    pub async fn extend(&self, lease: &Lease) -> Result<Instant, LockError> {
+        let started = Instant::now();
+        let result = self.extend_inner(lease, started).await;
+        metrics::record_renewal(result.is_ok());
+        result
+    }
+
+    async fn extend_inner(&self, lease: &Lease, start: Instant) -> Result<Instant, LockError> {
+        let expired = || LockError::Expired {
+            lock: lease.name.clone(),
+        };
+        let Some(left) = lease.deadline.checked_duration_since(start) else {
+            return Err(expired());
+        };
+        if left.is_zero() {
+            return Err(expired());
+        }
+        let lock_key = self.lock_key(&lease.name);
+        let ttl_ms = lease.ttl.as_millis().max(1) as u64;
+        let mut invocation = scripts::EXTEND.prepare_invoke();
+        invocation.key(&lock_key).arg(&lease.value).arg(ttl_ms);
+        let round = self.round::<i64>(&invocation, Some(left)).await;
+        let mut failures = round.failures;
+        let mut extended = 0;
+        for (index, reply) in round.replies {
+            if reply == 1 {
+                extended += 1;
+            } else {
+                failures.push(self.failure(index, NodeErrorKind::WrongValue));
+            }
+        }
+        let now = Instant::now();
+        if now >= lease.deadline {
+            return Err(expired());
+        }
+        if extended < self.inner.quorum {
+            return Err(LockError::NoQuorum {
+                lock: lease.name.clone(),
+                granted: extended,
+                quorum: self.inner.quorum,
+                nodes: self.inner.nodes.len(),
+                failures,
+            });
+        }
+        let drift = drift_allowance(lease.ttl, self.inner.config.drift_factor);
+        let deadline = start + lease.ttl.saturating_sub(drift);
+        if deadline <= now {
+            return Err(LockError::NoValidityLeft {
+                lock: lease.name.clone(),
+                elapsed: now - start,
+                ttl: lease.ttl,
+            });
+        }
+        Ok(deadline)
+    }
+
+    /// Compare-and-delete on every node; errors are ignored (the keys expire anyway).
+    /// Returns how many nodes deleted the key.
+    pub async fn release(&self, lease: &Lease) -> usize {
+        let released = self
+            .release_value(&self.lock_key(&lease.name), &lease.value)
+            .await;
+        metrics::record_release();
+        released
+    }
+
+    /// Deletes `value` from every node, including those that said no or timed out: a SET may
+    /// have landed even though its reply was lost.
+    async fn release_value(&self, lock_key: &str, value: &str) -> usize {
+        let mut invocation = scripts::RELEASE.prepare_invoke();
+        invocation.key(lock_key).arg(value);
+        let round = self.round::<i64>(&invocation, None).await;
+        round.replies.iter().filter(|(_, n)| *n == 1).count()
+    }
+
+    /// How many nodes answer a trivial script now (readiness, degraded-mode reporting).
+    pub async fn reachable_nodes(&self) -> usize {
+        let invocation = scripts::PING.prepare_invoke();
+        let round = self.round::<i64>(&invocation, None).await;
+        metrics::set_nodes_reachable(round.replies.len());
+        round.replies.len()
+    }
+
+    /// Who holds `name` now, as seen by a quorum: the holder part of the value a majority of
+    /// nodes store, or `None` when no value has a majority.
+    pub async fn current_holder(&self, name: &str) -> Option<String> {
+        let lock_key = self.lock_key(name);
+        let mut invocation = scripts::GET.prepare_invoke();
+        invocation.key(&lock_key);
+        let round = self.round::<Option<String>>(&invocation, None).await;
+        let mut counts: Vec<(String, usize)> = Vec::new();
+        for value in round.replies.into_iter().filter_map(|(_, v)| v) {
+            match counts.iter_mut().find(|(v, _)| *v == value) {
+                Some((_, n)) => *n += 1,
+                None => counts.push((value, 1)),
+            }
+        }
+        counts
+            .into_iter()
+            .find(|(_, n)| *n >= self.inner.quorum)
+            .map(|(value, _)| {
+                value
+                    .rsplit_once('/')
+                    .map_or(value.clone(), |(h, _)| h.to_string())
+            })
+    }
+
+    /// Sends one invocation to every node (in parallel unless built sequential), each bounded
+    /// by the request timeout and by `limit`.
+    async fn round<T: FromRedisValue + Send>(
+        &self,
+        invocation: &redis::ScriptInvocation<'_>,
+        limit: Option<Duration>,
+    ) -> Round<T> {
+        let limit = limit.unwrap_or(self.inner.config.request_timeout);
+        let results: Vec<Result<T, NodeErrorKind>> = if self.inner.parallel {
+            join_all(
+                self.inner
+                    .nodes
+                    .iter()
+                    .map(|node| node.run_within::<T>(invocation, limit)),
+            )
+            .await
+        } else {
+            let mut results = Vec::with_capacity(self.inner.nodes.len());
+            for node in &self.inner.nodes {
+                results.push(node.run_within::<T>(invocation, limit).await);
+            }
+            results
+        };
+        let mut round = Round {
+            replies: Vec::with_capacity(results.len()),
+            failures: Vec::new(),
+        };
+        for (index, result) in results.into_iter().enumerate() {
+            match result {
+                Ok(value) => round.replies.push((index, value)),
+                Err(kind) => round.failures.push(self.failure(index, kind)),
+            }
+        }
+        round
+    }
+
+    fn failure(&self, index: usize, kind: NodeErrorKind) -> NodeFailure {
+        NodeFailure {
+            node: self.inner.nodes[index].label.clone(),
+            kind,
+        }
+    }
+}
+
+fn outcome_of(result: &Result<Lease, LockError>) -> Outcome {
+    match result {
+        Ok(_) => Outcome::Acquired,
+        Err(e) if e.is_contended() => Outcome::Contended,
+        Err(_) => Outcome::Failed,
+    }
+}

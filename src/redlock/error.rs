@@ -1,0 +1,196 @@
+//! Errors of the lock engine. Each says what went wrong, on which node, and what to do.
+
+use std::fmt;
+use std::time::Duration;
+
+/// Why one node did not take part in a round.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NodeErrorKind {
+    /// No answer within the per-node request timeout: the node is slow, hung or partitioned.
+    Timeout,
+    /// The TCP connection was refused or reset: the node is down or restarting.
+    Refused,
+    /// The node rejected our credentials (AUTH / ACL).
+    Auth,
+    /// The node did not know a script even after reloading it.
+    NoScript,
+    /// The node answered, but the key holds another value (or none): we are not the holder there.
+    WrongValue,
+    /// The node is loading its dataset after a restart.
+    Loading,
+    /// Anything else the node or the connection reported.
+    Other(String),
+}
+
+impl fmt::Display for NodeErrorKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Timeout => f.write_str("timed out"),
+            Self::Refused => f.write_str("connection refused or reset"),
+            Self::Auth => f.write_str("authentication failed (check the Redis user/password)"),
+            Self::NoScript => f.write_str("script missing (NOSCRIPT) after reload"),
+            Self::WrongValue => f.write_str("lock held by another value"),
+            Self::Loading => f.write_str("node is loading its dataset"),
+            Self::Other(message) => f.write_str(message),
+        }
+    }
+}
+
+impl NodeErrorKind {
+    /// Classify a redis-rs error into what an operator needs to know.
+    pub(crate) fn from_redis(err: &redis::RedisError) -> Self {
+        use redis::{ErrorKind, ServerErrorKind};
+        if err.is_timeout() {
+            return Self::Timeout;
+        }
+        if err.is_connection_refusal() || err.is_connection_dropped() {
+            return Self::Refused;
+        }
+        match err.kind() {
+            ErrorKind::AuthenticationFailed | ErrorKind::Server(ServerErrorKind::NoPerm) => {
+                Self::Auth
+            }
+            ErrorKind::Server(ServerErrorKind::NoScript) => Self::NoScript,
+            ErrorKind::Server(ServerErrorKind::BusyLoading) => Self::Loading,
+            _ if err.is_io_error() => Self::Refused,
+            _ => {
+                let text = err.to_string();
+                if text.contains("NOAUTH") || text.contains("WRONGPASS") {
+                    Self::Auth
+                } else {
+                    Self::Other(text)
+                }
+            }
+        }
+    }
+}
+
+/// One node's failure, named by its address (credentials redacted).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeFailure {
+    pub node: String,
+    pub kind: NodeErrorKind,
+}
+
+impl fmt::Display for NodeFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.node, self.kind)
+    }
+}
+
+/// Renders a list of node failures as `a: timed out; b: refused`.
+pub struct Failures<'a>(pub &'a [NodeFailure]);
+
+impl fmt::Display for Failures<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.0.is_empty() {
+            return f.write_str("none");
+        }
+        for (i, failure) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str("; ")?;
+            }
+            write!(f, "{failure}")?;
+        }
+        Ok(())
+    }
+}
+
+/// Bad engine configuration: found before any node is contacted.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ConfigError {
+    #[error("no Redis nodes given: pass at least one redis:// URL (three or more independent nodes for fault tolerance)")]
+    NoNodes,
+    #[error("Redis node URL {url:?} is not valid: {reason}; expected redis://[user:password@]host:port[/db] or rediss://...")]
+    BadUrl { url: String, reason: String },
+    #[error("Redis node {node} is listed twice: every node must be an independent server")]
+    DuplicateNode { node: String },
+    #[error("lock TTL must be greater than zero")]
+    ZeroTtl,
+    #[error("lock TTL {ttl:?} leaves no validity after the clock-drift allowance {drift:?}: use a TTL of at least 100ms")]
+    TtlTooShort { ttl: Duration, drift: Duration },
+    #[error(
+        "renew interval {renew:?} must be shorter than the TTL {ttl:?} (ttl/3 is a good default)"
+    )]
+    RenewNotBelowTtl { renew: Duration, ttl: Duration },
+    #[error("safety margin {margin:?} plus renew interval {renew:?} must be shorter than the TTL {ttl:?}, or the lease is lost before the first renewal")]
+    MarginTooLarge {
+        margin: Duration,
+        renew: Duration,
+        ttl: Duration,
+    },
+    #[error("request timeout must be greater than zero (50ms is the default)")]
+    ZeroRequestTimeout,
+    #[error("drift factor {0} must be within 0 and 0.5")]
+    BadDriftFactor(String),
+    #[error("lock name must not be empty")]
+    EmptyLockName,
+    #[error("key prefix must not be empty or contain whitespace: {0:?}")]
+    BadPrefix(String),
+}
+
+/// Why an acquire, extend or release did not succeed.
+#[derive(Debug, thiserror::Error)]
+pub enum LockError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+
+    #[error("lock {lock:?} is held by someone else ({granted} of {nodes} nodes granted, {quorum} needed); node errors: {}", Failures(failures))]
+    Contended {
+        lock: String,
+        granted: usize,
+        quorum: usize,
+        nodes: usize,
+        failures: Vec<NodeFailure>,
+    },
+
+    #[error("no quorum for lock {lock:?}: {granted} of {nodes} nodes answered yes, {quorum} needed; check these nodes: {}", Failures(failures))]
+    NoQuorum {
+        lock: String,
+        granted: usize,
+        quorum: usize,
+        nodes: usize,
+        failures: Vec<NodeFailure>,
+    },
+
+    #[error("lock {lock:?}: the attempt took {elapsed:?} of the {ttl:?} TTL, leaving no validity; raise the TTL or look at node latency")]
+    NoValidityLeft {
+        lock: String,
+        elapsed: Duration,
+        ttl: Duration,
+    },
+
+    #[error("lock {lock:?}: another acquisition issued fencing token {seen} concurrently (ours {token}); mutual exclusion was not guaranteed, so this attempt was given up")]
+    FenceConflict { lock: String, token: u64, seen: u64 },
+
+    #[error("lock {lock:?} not acquired within {waited:?} ({attempts} attempts); last: {last}")]
+    WaitExpired {
+        lock: String,
+        waited: Duration,
+        attempts: u32,
+        last: Box<LockError>,
+    },
+
+    #[error("lease on {lock:?} has expired (deadline passed); acquire it again")]
+    Expired { lock: String },
+}
+
+impl LockError {
+    /// True when the lock was simply held by another holder (as opposed to node trouble).
+    pub fn is_contended(&self) -> bool {
+        match self {
+            Self::Contended { .. } => true,
+            Self::WaitExpired { last, .. } => last.is_contended(),
+            _ => false,
+        }
+    }
+
+    /// Node failures behind this error, if any.
+    pub fn node_failures(&self) -> &[NodeFailure] {
+        match self {
+            Self::Contended { failures, .. } | Self::NoQuorum { failures, .. } => failures,
+            Self::WaitExpired { last, .. } => last.node_failures(),
+            _ => &[],
+        }
+    }
+}

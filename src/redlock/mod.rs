@@ -1,0 +1,21 @@
+//! The lock engine: Redlock over N independent Redis nodes, fencing tokens, and a watchdog.
+//! Nothing here knows about Kubernetes; the controller and `exec` build on it.
+
+mod config;
+mod engine;
+mod error;
+mod lease;
+mod node;
+mod scripts;
+pub mod timing;
+mod watchdog;
+
+pub use config::{
+    default_holder, split_node_list, Credentials, LeaseTiming, RedlockConfig,
+    DEFAULT_CONNECT_TIMEOUT, DEFAULT_DRIFT_FACTOR, DEFAULT_KEY_PREFIX, DEFAULT_REQUEST_TIMEOUT,
+    DEFAULT_TTL,
+};
+pub use engine::Redlock;
+pub use error::{ConfigError, LockError, NodeErrorKind, NodeFailure};
+pub use lease::Lease;
+pub use watchdog::{LeaseStatus, Watchdog, WatchdogEnd};

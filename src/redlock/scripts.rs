@@ -1,0 +1,76 @@
+//! The Lua scripts of the protocol. Each runs atomically on one node. Every new connection
+//! loads them all first; requests then go by SHA (EVALSHA), and redis-rs reloads a script on
+//! NOSCRIPT (e.g. after `SCRIPT FLUSH`).
+
+use redis::Script;
+use std::sync::LazyLock;
+
+/// Phase 1: take the lock if free and, only then, read the node's fence counter.
+/// KEYS: lock, fence. ARGV: value, ttl ms. Returns the fence (0 when absent) or -1 when held.
+const ACQUIRE_LUA: &str = r#"
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  return tonumber(redis.call('GET', KEYS[2]) or '0')
+end
+return -1
+"#;
+
+/// Phase 2: raise the fence to the new token (a max-register, so it is safe on every node).
+/// KEYS: fence. ARGV: token. Returns the fence value *before* this call, which lets the engine
+/// notice another acquisition that issued the same or a larger token.
+const FENCE_LUA: &str = r#"
+local previous = tonumber(redis.call('GET', KEYS[1]) or '0')
+local token = tonumber(ARGV[1])
+if token > previous then
+  redis.call('SET', KEYS[1], ARGV[1])
+end
+return previous
+"#;
+
+/// Extend: push the expiry out only while the key still holds our value. Never re-creates an
+/// expired key, which could resurrect a lock someone else now holds. KEYS: lock. ARGV: value,
+/// ttl ms. Returns 1 when extended, 0 otherwise.
+const EXTEND_LUA: &str = r#"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0
+"#;
+
+/// Compare-and-delete. KEYS: lock. ARGV: value. Returns 1 when deleted, 0 otherwise.
+const RELEASE_LUA: &str = r#"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+"#;
+
+/// Reachability probe that also proves scripting works.
+const PING_LUA: &str = "return 1";
+
+/// Reads the lock value ("who holds it") through the same bounded path as everything else.
+const GET_LUA: &str = "return redis.call('GET', KEYS[1])";
+
+pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE_LUA));
+pub(crate) static FENCE: LazyLock<Script> = LazyLock::new(|| Script::new(FENCE_LUA));
+pub(crate) static EXTEND: LazyLock<Script> = LazyLock::new(|| Script::new(EXTEND_LUA));
+pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE_LUA));
+pub(crate) static PING: LazyLock<Script> = LazyLock::new(|| Script::new(PING_LUA));
+pub(crate) static GET: LazyLock<Script> = LazyLock::new(|| Script::new(GET_LUA));
+
+/// Loads every script on a new connection, in one pipeline.
+pub(crate) async fn load_all(
+    conn: &mut redis::aio::MultiplexedConnection,
+) -> redis::RedisResult<()> {
+    let mut pipe = redis::pipe();
+    for source in [
+        ACQUIRE_LUA,
+        FENCE_LUA,
+        EXTEND_LUA,
+        RELEASE_LUA,
+        PING_LUA,
+        GET_LUA,
+    ] {
+        pipe.cmd("SCRIPT").arg("LOAD").arg(source).ignore();
+    }
+    pipe.query_async::<()>(conn).await
+}

@@ -1,0 +1,182 @@
+//! Keeps a lease alive while work runs, and says so at once when it cannot.
+//!
+//! Renews every `renew_interval`; a failed round is retried quickly. If no renewal succeeded by
+//! `deadline - safety_margin`, the lease is lost: the `lost` token is cancelled and the task
+//! ends without ever renewing again, even if a later renewal would have worked. The holder must
+//! stop its work and acquire afresh.
+
+use super::config::LeaseTiming;
+use super::engine::Redlock;
+use super::lease::Lease;
+use crate::metrics;
+use std::time::{Duration, Instant};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+/// What the watchdog publishes after each round.
+#[derive(Debug, Clone, Copy)]
+pub struct LeaseStatus {
+    pub deadline: Instant,
+    pub renewals: u64,
+    pub failed_rounds: u64,
+    /// When the last renewal attempt started; never at or after the deadline.
+    pub last_attempt: Option<Instant>,
+}
+
+/// How the watchdog ended.
+#[derive(Debug)]
+pub enum WatchdogEnd {
+    /// Stopped on request with the lease still valid: release it, or keep using its deadline.
+    Stopped(Lease),
+    /// The lease was lost; the lock may already belong to someone else.
+    Lost(Lease),
+}
+
+pub struct Watchdog {
+    lost: CancellationToken,
+    stop: CancellationToken,
+    status: watch::Receiver<LeaseStatus>,
+    task: JoinHandle<WatchdogEnd>,
+    name: String,
+    token: u64,
+}
+
+impl Watchdog {
+    /// Starts renewing `lease` in a background task.
+    pub fn spawn(engine: Redlock, lease: Lease, timing: LeaseTiming) -> Self {
+        let lost = CancellationToken::new();
+        let stop = CancellationToken::new();
+        let (tx, status) = watch::channel(LeaseStatus {
+            deadline: lease.deadline,
+            renewals: 0,
+            failed_rounds: 0,
+            last_attempt: None,
+        });
+        let (name, token) = (lease.name.clone(), lease.token);
+        let task = tokio::spawn(run(engine, lease, timing, lost.clone(), stop.clone(), tx));
+        Self {
+            lost,
+            stop,
+            status,
+            task,
+            name,
+            token,
+        }
+    }
+
+    /// Cancelled when the lease is lost. Clone it into the work to stop.
+    pub fn lost(&self) -> CancellationToken {
+        self.lost.clone()
+    }
+
+    pub fn is_lost(&self) -> bool {
+        self.lost.is_cancelled()
+    }
+
+    pub fn status(&self) -> LeaseStatus {
+        *self.status.borrow()
+    }
+
+    /// A receiver that sees every deadline update.
+    pub fn subscribe(&self) -> watch::Receiver<LeaseStatus> {
+        self.status.clone()
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn token(&self) -> u64 {
+        self.token
+    }
+
+    /// Stops renewing and hands back the lease (valid or lost).
+    pub async fn stop(self) -> WatchdogEnd {
+        self.stop.cancel();
+        match self.task.await {
+            Ok(end) => end,
+            // The task only ends by returning; a panic inside it is a bug worth surfacing.
+            Err(e) => std::panic::resume_unwind(e.into_panic()),
+        }
+    }
+
+    /// Stops renewing and releases the lock if the lease is still held. Returns true if it was.
+    pub async fn release(self, engine: &Redlock) -> bool {
+        match self.stop().await {
+            WatchdogEnd::Stopped(lease) => {
+                engine.release(&lease).await;
+                true
+            }
+            WatchdogEnd::Lost(lease) => {
+                // Our value may still sit on a minority; deleting it is harmless and frees it.
+                engine.release(&lease).await;
+                false
+            }
+        }
+    }
+}
+
+/// Short pause between failed renewal rounds: quick enough to ride out a blip, slow enough not
+/// to hammer a node that is restarting.
+fn retry_delay(timing: &LeaseTiming) -> Duration {
+    (timing.renew_interval / 4).clamp(Duration::from_millis(10), Duration::from_millis(250))
+}
+
+async fn run(
+    engine: Redlock,
+    mut lease: Lease,
+    timing: LeaseTiming,
+    lost: CancellationToken,
+    stop: CancellationToken,
+    status: watch::Sender<LeaseStatus>,
+) -> WatchdogEnd {
+    let mut next_renewal = Instant::now() + timing.renew_interval;
+    loop {
+        let give_up_at = lease
+            .deadline
+            .checked_sub(timing.safety_margin)
+            .unwrap_or(lease.deadline);
+        let wake = next_renewal.min(give_up_at);
+        tokio::select! {
+            biased;
+            _ = stop.cancelled() => return WatchdogEnd::Stopped(lease),
+            _ = tokio::time::sleep_until(wake.into()) => {}
+        }
+        if Instant::now() >= give_up_at {
+            return declare_lost(lease, &lost);
+        }
+        let attempt_started = Instant::now();
+        status.send_modify(|s| s.last_attempt = Some(attempt_started));
+        let outcome = tokio::select! {
+            biased;
+            _ = stop.cancelled() => return WatchdogEnd::Stopped(lease),
+            // Abandon a renewal that would end past the give-up point: the lease is over then.
+            result = tokio::time::timeout_at(give_up_at.into(), engine.extend(&lease)) => result,
+        };
+        match outcome {
+            Ok(Ok(deadline)) => {
+                lease.deadline = deadline;
+                next_renewal = attempt_started + timing.renew_interval;
+                status.send_modify(|s| {
+                    s.deadline = deadline;
+                    s.renewals += 1;
+                });
+                tracing::debug!(lock = %lease.name, token = lease.token, remaining_ms = lease.remaining().as_millis() as u64, "lease renewed");
+            }
+            Ok(Err(err)) => {
+                status.send_modify(|s| s.failed_rounds += 1);
+                tracing::warn!(lock = %lease.name, token = lease.token, error = %err, remaining_ms = lease.remaining().as_millis() as u64, "lease renewal failed; retrying");
+                next_renewal = Instant::now() + retry_delay(&timing);
+            }
+            Err(_) => return declare_lost(lease, &lost),
+        }
+    }
+}
+
+fn declare_lost(lease: Lease, lost: &CancellationToken) -> WatchdogEnd {
+    metrics::record_lease_lost();
+    tracing::error!(lock = %lease.name, token = lease.token, "lease lost: no quorum renewed it before the safety margin; stopping the work");
+    lost.cancel();
+    WatchdogEnd::Lost(lease)
+}

@@ -1,0 +1,378 @@
+//! The lock engine against real `redis-server` nodes with real faults.
+
+mod support;
+
+use lockedjob::redlock::{
+    LeaseTiming, LockError, NodeErrorKind, Redlock, RedlockConfig, Watchdog, WatchdogEnd,
+};
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use support::{FaultProxy, Persistence, ProxyMode, RedisNode, RedisNodes};
+
+const SECOND: Duration = Duration::from_secs(1);
+
+fn engine(urls: Vec<String>, holder: &str) -> Redlock {
+    let mut config = RedlockConfig::new(urls);
+    config.holder = holder.to_string();
+    config.retry_base_delay = Duration::from_millis(5);
+    config.retry_max_delay = Duration::from_millis(50);
+    Redlock::new(config).expect("valid engine config")
+}
+
+/// Blocking harness calls (kill, restart) from async tests.
+fn blocking<T>(f: impl FnOnce() -> T) -> T {
+    tokio::task::block_in_place(f)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn second_client_is_refused_while_first_holds_and_succeeds_after_release() {
+    let nodes = RedisNodes::start(3, Persistence::None);
+    let a = engine(nodes.urls(), "test/a");
+    let b = engine(nodes.urls(), "test/b");
+    let ttl = 10 * SECOND;
+
+    let lease = a.try_acquire("report", ttl).await.expect("a acquires");
+    assert!(
+        lease.remaining() < ttl,
+        "validity must be strictly below the TTL"
+    );
+    assert!(lease.remaining() > ttl / 2);
+    assert_eq!(lease.holder(), "test/a");
+    assert!(lease.value().starts_with("test/a/") && lease.value().len() == "test/a/".len() + 32);
+    assert_eq!(nodes.count_key("lockedjob:lock:report"), 3);
+    assert_eq!(
+        nodes[0].get("lockedjob:lock:report").as_deref(),
+        Some(lease.value())
+    );
+
+    let err = b
+        .try_acquire("report", ttl)
+        .await
+        .expect_err("b must be refused");
+    assert!(err.is_contended(), "expected Contended, got {err}");
+    assert_eq!(err.node_failures().len(), 3);
+    assert!(err
+        .node_failures()
+        .iter()
+        .all(|f| f.kind == NodeErrorKind::WrongValue));
+    // b's failed attempt must not have disturbed a's keys.
+    assert_eq!(nodes.count_key("lockedjob:lock:report"), 3);
+    assert_eq!(b.current_holder("report").await.as_deref(), Some("test/a"));
+
+    assert_eq!(a.release(&lease).await, 3);
+    assert_eq!(nodes.count_key("lockedjob:lock:report"), 0);
+    let second = b
+        .try_acquire("report", ttl)
+        .await
+        .expect("b acquires after release");
+    assert!(second.token() > lease.token());
+}
+
+/// Kills `kill` of `total` nodes and checks whether an acquisition succeeds.
+async fn acquire_with_killed(total: usize, kill: usize) -> (Result<u64, LockError>, RedisNodes) {
+    let mut nodes = RedisNodes::start(total, Persistence::None);
+    let client = engine(nodes.urls(), "test/quorum");
+    blocking(|| (0..kill).for_each(|i| nodes[i].kill9()));
+    let result = client
+        .try_acquire("quorum", 10 * SECOND)
+        .await
+        .map(|lease| lease.token());
+    (result, nodes)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acquire_survives_a_minority_of_dead_nodes() {
+    for (total, kill) in [(3, 1), (5, 2)] {
+        let (result, nodes) = acquire_with_killed(total, kill).await;
+        assert!(result.is_ok(), "{kill} of {total} dead: {result:?}");
+        assert_eq!(nodes.count_key("lockedjob:lock:quorum"), total - kill);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acquire_fails_without_quorum_and_leaves_no_key_behind() {
+    for (total, kill) in [(3, 2), (5, 3)] {
+        let (result, nodes) = acquire_with_killed(total, kill).await;
+        let err = result.expect_err("a majority is dead");
+        assert!(matches!(err, LockError::NoQuorum { .. }), "{err}");
+        let refused = err
+            .node_failures()
+            .iter()
+            .filter(|f| f.kind == NodeErrorKind::Refused)
+            .count();
+        assert_eq!(refused, kill, "each dead node is named: {err}");
+        assert_eq!(
+            nodes.count_key("lockedjob:lock:quorum"),
+            0,
+            "no key left behind"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hung_node_costs_about_one_timeout_not_seconds() {
+    let mut nodes = RedisNodes::start(3, Persistence::None);
+    let proxy = FaultProxy::start(&format!("127.0.0.1:{}", nodes[2].port()));
+    let urls = vec![nodes[0].url(), nodes[1].url(), proxy.url()];
+    let client = engine(urls, "test/hung");
+    // Warm connections so the test measures requests, then hang node 0 and blackhole node 2.
+    client.try_acquire("warm", SECOND).await.expect("warm-up");
+    blocking(|| nodes[0].pause());
+    proxy.set_mode(ProxyMode::Blackhole);
+
+    // 2 of 3 hung: fails, and names both as timed out.
+    let started = Instant::now();
+    let err = client
+        .try_acquire("hung", 10 * SECOND)
+        .await
+        .expect_err("no quorum");
+    let took = started.elapsed();
+    let timeouts = err
+        .node_failures()
+        .iter()
+        .filter(|f| f.kind == NodeErrorKind::Timeout)
+        .count();
+    assert_eq!(timeouts, 2, "{err}");
+    // Phase 1 and the release after it each wait one 50 ms timeout. The bound is loose on
+    // purpose (a loaded machine); an unbounded client would hang here until the node resumed.
+    assert!(took < 2 * SECOND, "took {took:?}");
+
+    // Only node 0 hung: succeeds with validity close to the TTL.
+    proxy.set_mode(ProxyMode::Forward);
+    let started = Instant::now();
+    let lease = client
+        .try_acquire("hung", 10 * SECOND)
+        .await
+        .expect("quorum of 2");
+    assert!(
+        started.elapsed() < 2 * SECOND,
+        "took {:?}",
+        started.elapsed()
+    );
+    assert!(lease.remaining() > 8 * SECOND);
+    blocking(|| nodes[0].resume());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn non_holder_release_deletes_nothing_and_extend_never_recreates() {
+    let nodes = RedisNodes::start(3, Persistence::None);
+    let a = engine(nodes.urls(), "test/a");
+    let b = engine(nodes.urls(), "test/b");
+    let key = "lockedjob:lock:shared";
+
+    // a's lease runs out; b takes the lock; a's late release must not free b's lock.
+    let stale = a
+        .try_acquire("shared", Duration::from_millis(200))
+        .await
+        .expect("a");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let current = b
+        .try_acquire("shared", 10 * SECOND)
+        .await
+        .expect("b after expiry");
+    assert_eq!(a.release(&stale).await, 0, "stale holder deleted nothing");
+    assert_eq!(nodes.count_key(key), 3);
+    assert_eq!(nodes[1].get(key).as_deref(), Some(current.value()));
+
+    // Extending an expired lease fails without touching the nodes.
+    let err = a.extend(&stale).await.expect_err("expired lease");
+    assert!(matches!(err, LockError::Expired { .. }), "{err}");
+
+    // Keys gone while the local deadline still runs (evicted, or expired on fast node clocks):
+    // extend must fail and must not write the key back.
+    let lease = a.try_acquire("evicted", 10 * SECOND).await.expect("a");
+    for node in &nodes.nodes {
+        let _: i64 = node.query(&["DEL", "lockedjob:lock:evicted"]);
+    }
+    let err = a.extend(&lease).await.expect_err("keys are gone");
+    assert!(matches!(err, LockError::NoQuorum { .. }), "{err}");
+    assert!(
+        err.node_failures()
+            .iter()
+            .all(|f| f.kind == NodeErrorKind::WrongValue),
+        "{err}"
+    );
+    assert_eq!(
+        nodes.count_key("lockedjob:lock:evicted"),
+        0,
+        "extend re-created the key"
+    );
+
+    // And a successful extend pushes the deadline out.
+    let before = current.deadline();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let after = b.extend(&current).await.expect("b extends");
+    assert!(after > before);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fencing_tokens_strictly_increase_across_node_crashes_and_restarts() {
+    let mut nodes = RedisNodes::start(5, Persistence::AppendFsyncAlways);
+    let clients: Vec<Redlock> = (0..3)
+        .map(|i| engine(nodes.urls(), &format!("test/c{i}")))
+        .collect();
+    let mut tokens = Vec::with_capacity(200);
+    let mut down: Option<usize> = None;
+    for i in 0..200usize {
+        if i % 10 == 5 {
+            // Restart the node that was down and crash another one: at most one is down, and
+            // over the run every node goes down and comes back with its AOF.
+            let victim = (i / 10) % 5;
+            blocking(|| {
+                if let Some(previous) = down.take() {
+                    nodes[previous].restart();
+                }
+                nodes[victim].kill9();
+            });
+            down = Some(victim);
+        }
+        let client = &clients[i % clients.len()];
+        let lease = client
+            .acquire("fenced", 5 * SECOND, Some(5 * SECOND))
+            .await
+            .unwrap_or_else(|e| panic!("acquisition {i}: {e}"));
+        tokens.push(lease.token());
+        client.release(&lease).await;
+    }
+    for pair in tokens.windows(2) {
+        assert!(
+            pair[1] > pair[0],
+            "tokens must strictly increase: {tokens:?}"
+        );
+    }
+    assert_eq!(tokens[0], 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watchdog_keeps_the_lease_alive_then_fires_before_the_deadline_on_quorum_loss() {
+    let mut nodes = RedisNodes::start(3, Persistence::None);
+    let client = engine(nodes.urls(), "test/watchdog");
+    let ttl = SECOND;
+    let timing = LeaseTiming::from_ttl(ttl);
+    let lease = client.try_acquire("watched", ttl).await.expect("acquire");
+    let watchdog = Watchdog::spawn(client.clone(), lease, timing);
+    let key = "lockedjob:lock:watched";
+
+    // Three TTLs later the key is still there, its PTTL refreshed well above zero.
+    let mut lowest = i64::MAX;
+    for _ in 0..30 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let pttl = blocking(|| nodes[0].pttl(key));
+        lowest = lowest.min(pttl);
+    }
+    assert!(lowest > 0, "key expired while the watchdog was renewing");
+    assert!(watchdog.status().renewals >= 3, "{:?}", watchdog.status());
+    assert!(!watchdog.is_lost());
+
+    // Lose the majority: the lost signal must fire before the lease deadline.
+    let lost = watchdog.lost();
+    blocking(|| {
+        nodes[0].kill9();
+        nodes[1].kill9();
+    });
+    tokio::time::timeout(5 * ttl, lost.cancelled())
+        .await
+        .expect("lost signal fires");
+    let fired_at = Instant::now();
+    let status = watchdog.status();
+    assert!(
+        fired_at < status.deadline,
+        "fired after the deadline: {status:?}"
+    );
+    let last_attempt = status.last_attempt.expect("renewals were attempted");
+    assert!(last_attempt < status.deadline);
+
+    // No renewal after the loss: the surviving key's PTTL only goes down, then it is gone.
+    let first = blocking(|| nodes[2].pttl(key));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let second = blocking(|| nodes[2].pttl(key));
+    assert!(
+        second < first || second == -2,
+        "PTTL went from {first} to {second}"
+    );
+    assert_eq!(watchdog.status().renewals, status.renewals);
+    match watchdog.stop().await {
+        WatchdogEnd::Lost(lease) => assert!(lease.is_expired() || lease.remaining() < ttl),
+        WatchdogEnd::Stopped(_) => panic!("the watchdog should report the loss"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn contention_never_lets_two_holders_into_the_critical_section() {
+    let nodes = RedisNodes::start(3, Persistence::None);
+    let counter_node = RedisNode::start(Persistence::None);
+    let counter_client = redis::Client::open(counter_node.url()).expect("counter url");
+    let peak = Arc::new(AtomicI64::new(0));
+    let mut tasks = Vec::new();
+    for c in 0..8 {
+        let client = engine(nodes.urls(), &format!("test/contender{c}"));
+        let counter_client = counter_client.clone();
+        let peak = Arc::clone(&peak);
+        tasks.push(tokio::spawn(async move {
+            let mut counter = counter_client
+                .get_multiplexed_async_connection()
+                .await
+                .expect("counter connection");
+            let mut tokens = Vec::new();
+            for _ in 0..200 {
+                let lease = client
+                    .acquire("contended", 5 * SECOND, Some(60 * SECOND))
+                    .await
+                    .expect("acquire eventually");
+                let inside: i64 = redis::cmd("INCR")
+                    .arg("inside")
+                    .query_async(&mut counter)
+                    .await
+                    .expect("INCR");
+                peak.fetch_max(inside, Ordering::SeqCst);
+                let _: i64 = redis::cmd("DECR")
+                    .arg("inside")
+                    .query_async(&mut counter)
+                    .await
+                    .expect("DECR");
+                tokens.push(lease.token());
+                client.release(&lease).await;
+            }
+            tokens
+        }));
+    }
+    let mut all_tokens = Vec::new();
+    for task in tasks {
+        all_tokens.extend(task.await.expect("contender task"));
+    }
+    assert_eq!(
+        peak.load(Ordering::SeqCst),
+        1,
+        "two holders were inside at once"
+    );
+    all_tokens.sort_unstable();
+    all_tokens.dedup();
+    assert_eq!(
+        all_tokens.len(),
+        1600,
+        "every acquisition got its own token"
+    );
+}
+
+#[test]
+fn unreachable_nodes_are_an_error_not_a_hang_or_panic() {
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    runtime.block_on(async {
+        // Free ports with nothing listening.
+        let urls = (0..3)
+            .map(|_| format!("redis://127.0.0.1:{}", support::free_port()))
+            .collect();
+        let client = engine(urls, "test/nobody");
+        let err = client
+            .acquire("x", SECOND, None)
+            .await
+            .expect_err("nothing is up");
+        assert!(matches!(err, LockError::WaitExpired { .. }), "{err}");
+        let text = err.to_string();
+        assert!(
+            text.contains("127.0.0.1") && text.contains("refused"),
+            "{text}"
+        );
+    });
+}
