@@ -6,4 +6,5 @@
 
 pub mod exec;
 pub mod metrics;
+pub mod options;
 pub mod redlock;

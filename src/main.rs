@@ -1,1 +1,74 @@
-fn main() {}
+//! The `lockedjob` command line. Only argument parsing and dispatch live here.
+
+use clap::{Parser, Subcommand, ValueEnum};
+use lockedjob::exec::{self, ExecArgs, EXIT_USAGE};
+
+#[derive(Parser)]
+#[command(
+    name = "lockedjob",
+    version,
+    about = "Run each scheduled job exactly once across replicas and clusters, under Redlock with fencing tokens"
+)]
+struct Cli {
+    /// Log format on stderr.
+    #[arg(long, global = true, env = "LOCKEDJOB_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a command only while holding a lock (like `etcdctl lock` / `consul lock`).
+    ///
+    /// Exit codes: the command's own (128+N when signal N ended it); 75 lock not acquired
+    /// within --wait; 76 lease lost, command stopped; 64 bad usage or configuration;
+    /// 127 command could not be started.
+    Exec(ExecArgs),
+}
+
+fn main() {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let code = if e.use_stderr() { EXIT_USAGE } else { 0 };
+            let _ = e.print();
+            std::process::exit(code);
+        }
+    };
+    init_logging(cli.log_format);
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("lockedjob: cannot start the async runtime: {e}");
+            std::process::exit(1);
+        }
+    };
+    let code = runtime.block_on(async move {
+        match cli.command {
+            Command::Exec(args) => exec::run(args).await,
+        }
+    });
+    // Pending background work (a connection attempt to a dead node) must not delay the exit.
+    runtime.shutdown_background();
+    std::process::exit(code);
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}

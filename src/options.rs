@@ -1,0 +1,126 @@
+//! Command-line option groups shared by the subcommands, and their conversion into engine
+//! configuration. Every option can also come from the environment, so the chart can set it.
+
+use crate::redlock::{
+    Credentials, RedlockConfig, DEFAULT_CONNECT_TIMEOUT, DEFAULT_DRIFT_FACTOR, DEFAULT_KEY_PREFIX,
+    DEFAULT_REQUEST_TIMEOUT,
+};
+use std::time::Duration;
+
+/// Parses `30s`, `500ms`, `1m30s`, or a bare number of seconds.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    if let Ok(seconds) = text.parse::<f64>() {
+        if seconds.is_finite() && seconds >= 0.0 {
+            return Ok(Duration::from_secs_f64(seconds));
+        }
+        return Err(format!("{text:?} is not a valid duration"));
+    }
+    humantime::parse_duration(text)
+        .map_err(|e| format!("{text:?} is not a valid duration ({e}); use e.g. 30s, 500ms, 2m"))
+}
+
+/// How to reach the Redis nodes and how the engine treats them.
+#[derive(Debug, Clone, clap::Args)]
+pub struct RedisOptions {
+    /// Redis node URLs, comma-separated: one per independent node (3 or 5 for production).
+    #[arg(
+        long = "redis",
+        env = "LOCKEDJOB_REDIS_URLS",
+        value_delimiter = ',',
+        required = true
+    )]
+    pub urls: Vec<String>,
+    /// Redis ACL user for every node (overrides any user in the URLs).
+    #[arg(long, env = "LOCKEDJOB_REDIS_USERNAME")]
+    pub redis_username: Option<String>,
+    /// Redis password for every node (overrides any password in the URLs). Prefer the env var.
+    #[arg(long, env = "LOCKEDJOB_REDIS_PASSWORD", hide_env_values = true)]
+    pub redis_password: Option<String>,
+    /// Bound on each request to one node; a dead or hung node costs this much.
+    #[arg(long, default_value = "50ms", value_parser = parse_duration)]
+    pub request_timeout: Duration,
+    /// Bound on opening a connection to one node (in the background).
+    #[arg(long, default_value = "500ms", value_parser = parse_duration)]
+    pub connect_timeout: Duration,
+    /// Share of the TTL by which node clocks may drift.
+    #[arg(long, default_value_t = DEFAULT_DRIFT_FACTOR)]
+    pub drift_factor: f64,
+    /// Key prefix: keys are {prefix}:lock:{name} and {prefix}:fence:{name}.
+    #[arg(long, env = "LOCKEDJOB_KEY_PREFIX", default_value = DEFAULT_KEY_PREFIX)]
+    pub key_prefix: String,
+    /// This cluster's id, the first part of every lock value.
+    #[arg(long, env = "LOCKEDJOB_CLUSTER_ID", default_value = "local")]
+    pub cluster_id: String,
+    /// This runner's name, the second part of every lock value (the pod name in Kubernetes).
+    #[arg(long, env = "POD_NAME")]
+    pub runner_name: Option<String>,
+}
+
+impl RedisOptions {
+    pub fn holder(&self) -> String {
+        let runner = self.runner_name.clone().unwrap_or_else(|| {
+            std::env::var("HOSTNAME").unwrap_or_else(|_| format!("pid-{}", std::process::id()))
+        });
+        format!("{}/{}", self.cluster_id, runner)
+    }
+
+    pub fn engine_config(&self) -> RedlockConfig {
+        let mut config = RedlockConfig::new(
+            self.urls
+                .iter()
+                .map(|u| u.trim().to_string())
+                .filter(|u| !u.is_empty())
+                .collect(),
+        );
+        config.credentials = Credentials {
+            username: self.redis_username.clone().filter(|s| !s.is_empty()),
+            password: self.redis_password.clone().filter(|s| !s.is_empty()),
+        };
+        config.request_timeout = self.request_timeout;
+        config.connect_timeout = self.connect_timeout;
+        config.drift_factor = self.drift_factor;
+        config.key_prefix = self.key_prefix.clone();
+        config.holder = self.holder();
+        config
+    }
+}
+
+impl Default for RedisOptions {
+    fn default() -> Self {
+        Self {
+            urls: Vec::new(),
+            redis_username: None,
+            redis_password: None,
+            request_timeout: DEFAULT_REQUEST_TIMEOUT,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            drift_factor: DEFAULT_DRIFT_FACTOR,
+            key_prefix: DEFAULT_KEY_PREFIX.into(),
+            cluster_id: "local".into(),
+            runner_name: None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_parse_with_and_without_units() {
+        let table = [
+            ("30s", Ok(Duration::from_secs(30))),
+            ("500ms", Ok(Duration::from_millis(500))),
+            ("1m30s", Ok(Duration::from_secs(90))),
+            ("2", Ok(Duration::from_secs(2))),
+            ("0.25", Ok(Duration::from_millis(250))),
+            ("0", Ok(Duration::ZERO)),
+        ];
+        for (text, expected) in table {
+            assert_eq!(parse_duration(text), expected, "{text}");
+        }
+        for bad in ["-1", "soon", "10 parsecs", ""] {
+            assert!(parse_duration(bad).is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,294 @@
+//! `lockedjob exec` as users run it: the real binary against real Redis nodes.
+
+mod support;
+
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+use support::{lockedjob_bin, wait_until, Persistence, RedisNodes};
+
+const LOCK_KEY: &str = "lockedjob:lock:nightly";
+
+fn exec_cmd(urls: &[String], extra: &[&str], command: &[&str]) -> Command {
+    let mut cmd = Command::new(lockedjob_bin());
+    cmd.arg("exec")
+        .arg("--redis")
+        .arg(urls.join(","))
+        .args([
+            "--lock",
+            "nightly",
+            "--cluster-id",
+            "ci",
+            "--runner-name",
+            "runner",
+        ])
+        .args(extra)
+        .arg("--")
+        .args(command)
+        .env_remove("LOCKEDJOB_REDIS_URLS")
+        .env("RUST_LOG", "warn");
+    cmd
+}
+
+fn run(urls: &[String], extra: &[&str], command: &[&str]) -> Output {
+    exec_cmd(urls, extra, command)
+        .output()
+        .expect("run lockedjob exec")
+}
+
+fn spawn(urls: &[String], extra: &[&str], command: &[&str]) -> Child {
+    exec_cmd(urls, extra, command)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn lockedjob exec")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+#[test]
+fn runs_the_command_with_the_lock_in_its_environment_and_passes_its_exit_code() {
+    let nodes = RedisNodes::start(3, Persistence::None);
+    let out = run(
+        &nodes.urls(),
+        &[],
+        &[
+            "sh",
+            "-c",
+            "echo \"$LOCKEDJOB_FENCING_TOKEN|$LOCKEDJOB_LOCK_NAME|$LOCKEDJOB_HOLDER\"; exit 3",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(3), "stderr: {}", text(&out.stderr));
+    assert_eq!(text(&out.stdout).trim(), "1|nightly|ci/runner");
+    assert_eq!(
+        nodes.count_key(LOCK_KEY),
+        0,
+        "lock released after the command"
+    );
+
+    let again = run(
+        &nodes.urls(),
+        &[],
+        &["sh", "-c", "echo $LOCKEDJOB_FENCING_TOKEN"],
+    );
+    assert_eq!(again.status.code(), Some(0));
+    assert_eq!(text(&again.stdout).trim(), "2", "the token grows");
+}
+
+#[test]
+fn a_second_exec_fails_fast_without_wait_and_runs_after_the_first_with_wait() {
+    let nodes = RedisNodes::start(3, Persistence::None);
+    let urls = nodes.urls();
+    let first = spawn(
+        &urls,
+        &[],
+        &["sh", "-c", "echo $LOCKEDJOB_FENCING_TOKEN; sleep 2"],
+    );
+    assert!(wait_until(Duration::from_secs(10), || nodes
+        .count_key(LOCK_KEY)
+        == 3));
+
+    let refused = run(&urls, &[], &["echo", "should not run"]);
+    assert_eq!(
+        refused.status.code(),
+        Some(75),
+        "stderr: {}",
+        text(&refused.stderr)
+    );
+    assert!(!text(&refused.stdout).contains("should not run"));
+    assert!(
+        text(&refused.stderr).contains("held by someone else"),
+        "{}",
+        text(&refused.stderr)
+    );
+
+    let waited = run(
+        &urls,
+        &["--wait", "30s"],
+        &["sh", "-c", "echo $LOCKEDJOB_FENCING_TOKEN"],
+    );
+    let first = first.wait_with_output().expect("first exec");
+    assert_eq!(first.status.code(), Some(0));
+    assert_eq!(
+        waited.status.code(),
+        Some(0),
+        "stderr: {}",
+        text(&waited.stderr)
+    );
+    let first_token: u64 = text(&first.stdout).trim().parse().expect("first token");
+    let second_token: u64 = text(&waited.stdout).trim().parse().expect("second token");
+    assert!(second_token > first_token);
+}
+
+#[test]
+fn losing_the_majority_stops_the_command_before_the_deadline() {
+    let mut nodes = RedisNodes::start(3, Persistence::None);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pid_file = dir.path().join("child.pid");
+    let script = format!("echo $$ > {}; exec sleep 60", pid_file.display());
+    let ttl = Duration::from_secs(3);
+    let mut child = spawn(&nodes.urls(), &["--ttl", "3s"], &["sh", "-c", &script]);
+    assert!(wait_until(Duration::from_secs(10), || pid_file.exists()
+        && !std::fs::read_to_string(&pid_file)
+            .unwrap_or_default()
+            .trim()
+            .is_empty()));
+    let command_pid: i32 = std::fs::read_to_string(&pid_file)
+        .expect("pid file")
+        .trim()
+        .parse()
+        .expect("pid");
+
+    nodes[0].kill9();
+    nodes[1].kill9();
+    // Renewals happen every ttl/3, so the deadline is at most one TTL after the kill.
+    let killed_at = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("poll exec") {
+            break status;
+        }
+        assert!(
+            killed_at.elapsed() < 4 * ttl,
+            "exec did not stop the command"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let stopped_after = killed_at.elapsed();
+    assert_eq!(status.code(), Some(76), "lease-lost exit code");
+    assert!(
+        stopped_after < ttl,
+        "command outlived the lease deadline: {stopped_after:?}"
+    );
+    let alive = kill(Pid::from_raw(command_pid), None).is_ok();
+    assert!(!alive, "the command is still running");
+    let mut stderr = String::new();
+    use std::io::Read;
+    child
+        .stderr
+        .take()
+        .expect("stderr")
+        .read_to_string(&mut stderr)
+        .ok();
+    assert!(stderr.contains("lease on \"nightly\" lost"), "{stderr}");
+}
+
+#[test]
+fn sigterm_reaches_the_command_and_the_lock_is_released() {
+    let nodes = RedisNodes::start(3, Persistence::None);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let marker = dir.path().join("got-term");
+    let script = format!(
+        "trap 'echo term > {}; exit 0' TERM; while true; do sleep 0.05; done",
+        marker.display()
+    );
+    let child = spawn(&nodes.urls(), &[], &["sh", "-c", &script]);
+    assert!(wait_until(Duration::from_secs(10), || nodes
+        .count_key(LOCK_KEY)
+        == 3));
+    std::thread::sleep(Duration::from_millis(200)); // let the trap be installed
+    kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM).expect("SIGTERM exec");
+    let out = child.wait_with_output().expect("exec exits");
+    assert_eq!(out.status.code(), Some(0), "stderr: {}", text(&out.stderr));
+    assert_eq!(
+        std::fs::read_to_string(&marker).unwrap_or_default().trim(),
+        "term"
+    );
+    assert_eq!(nodes.count_key(LOCK_KEY), 0, "lock released");
+}
+
+#[test]
+fn bad_input_gives_clear_errors_and_distinct_exit_codes() {
+    let nodes = RedisNodes::start(2, Persistence::None);
+    let dead = format!("redis://127.0.0.1:{}", support::free_port());
+    let good = nodes.urls();
+    // (urls, extra flags, command, exit code, stderr fragment)
+    let table: Vec<(Vec<String>, Vec<&str>, Vec<&str>, i32, &str)> = vec![
+        (
+            vec![String::new()],
+            vec![],
+            vec!["true"],
+            64,
+            "no Redis nodes",
+        ),
+        (
+            vec!["redis://127.0.0.1:notaport".into()],
+            vec![],
+            vec!["true"],
+            64,
+            "not valid",
+        ),
+        (
+            vec!["http://127.0.0.1:6379".into()],
+            vec![],
+            vec!["true"],
+            64,
+            "redis:// or rediss://",
+        ),
+        (
+            good.clone(),
+            vec!["--ttl", "0"],
+            vec!["true"],
+            64,
+            "greater than zero",
+        ),
+        (
+            good.clone(),
+            vec!["--ttl", "1s", "--renew-interval", "2s"],
+            vec!["true"],
+            64,
+            "shorter than the TTL",
+        ),
+        (
+            good.clone(),
+            vec!["--ttl", "soon"],
+            vec!["true"],
+            64,
+            "not a valid duration",
+        ),
+        (
+            vec![dead.clone(), dead.replace("127.0.0.1", "127.0.0.2")],
+            vec![],
+            vec!["true"],
+            75,
+            "refused",
+        ),
+        (
+            good.clone(),
+            vec![],
+            vec!["/nonexistent/command"],
+            127,
+            "cannot start",
+        ),
+        // An even node count works, with a warning.
+        (
+            good.clone(),
+            vec![],
+            vec!["true"],
+            0,
+            "even number of Redis nodes",
+        ),
+    ];
+    for (urls, extra, command, code, fragment) in table {
+        let out = run(&urls, &extra, &command);
+        let stderr = text(&out.stderr);
+        assert_eq!(
+            out.status.code(),
+            Some(code),
+            "{urls:?} {extra:?}: {stderr}"
+        );
+        assert!(
+            stderr.contains(fragment),
+            "{urls:?} {extra:?}: expected {fragment:?} in {stderr}"
+        );
+        assert!(!stderr.contains("panicked"), "{stderr}");
+    }
+    let usage = Command::new(lockedjob_bin())
+        .args(["exec", "--lock", "x"])
+        .env_remove("LOCKEDJOB_REDIS_URLS")
+        .output()
+        .expect("run");
+    assert_eq!(usage.status.code(), Some(64));
+}
