@@ -199,13 +199,21 @@ fn sigterm_reaches_the_command_and_the_lock_is_released() {
     assert_eq!(nodes.count_key(LOCK_KEY), 0, "lock released");
 }
 
+/// (urls, extra flags, command, exit code, stderr fragment)
+type BadInputCase = (
+    Vec<String>,
+    Vec<&'static str>,
+    Vec<&'static str>,
+    i32,
+    &'static str,
+);
+
 #[test]
 fn bad_input_gives_clear_errors_and_distinct_exit_codes() {
     let nodes = RedisNodes::start(2, Persistence::None);
     let dead = format!("redis://127.0.0.1:{}", support::free_port());
     let good = nodes.urls();
-    // (urls, extra flags, command, exit code, stderr fragment)
-    let table: Vec<(Vec<String>, Vec<&str>, Vec<&str>, i32, &str)> = vec![
+    let table: Vec<BadInputCase> = vec![
         (
             vec![String::new()],
             vec![],

@@ -82,7 +82,7 @@ impl RedlockConfig {
             }
             parsed.push(node);
         }
-        if parsed.len() % 2 == 0 {
+        if parsed.len().is_multiple_of(2) {
             tracing::warn!(
                 nodes = parsed.len(),
                 "an even number of Redis nodes tolerates no more failures than one node fewer; use an odd number"

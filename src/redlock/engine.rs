@@ -4,7 +4,7 @@ use super::config::RedlockConfig;
 use super::error::ConfigError;
 use super::error::{LockError, NodeErrorKind, NodeFailure};
 use super::lease::Lease;
-use super::node::Node;
+use super::node::{Node, Request};
 use super::scripts;
 use super::timing::{backoff, drift_allowance, quorum, validity};
 use crate::metrics::{self, Outcome};
@@ -164,16 +164,29 @@ impl Redlock {
         let ttl_ms = ttl.as_millis().max(1) as u64;
         let start = Instant::now();
 
-        // Phase 1: take the lock and read the fence where it was free.
-        let mut grant = scripts::ACQUIRE.prepare_invoke();
-        grant.key(&lock_key).key(&fence_key).arg(&value).arg(ttl_ms);
-        let phase1 = self.round::<i64>(&grant, None).await;
+        // Phase 1: take the lock and read the fence where it was free. Plain commands in one
+        // pipeline, cheaper for the node than a script: the GET runs after our SET on the same
+        // connection, and the only write that can come between is another acquirer raising
+        // the fence, which can only make what we read larger.
+        let mut grant = redis::pipe();
+        grant
+            .cmd("SET")
+            .arg(&lock_key)
+            .arg(&value)
+            .arg("NX")
+            .arg("PX")
+            .arg(ttl_ms)
+            .cmd("GET")
+            .arg(&fence_key);
+        let phase1 = self
+            .round::<(Option<String>, Option<u64>)>(Request::Pipeline(&grant), None)
+            .await;
         let mut failures = phase1.failures;
         let mut held = 0;
         let mut fences = Vec::with_capacity(phase1.replies.len());
-        for (index, fence) in phase1.replies {
-            if fence >= 0 {
-                fences.push(fence as u64);
+        for (index, (set, fence)) in phase1.replies {
+            if set.is_some() {
+                fences.push(fence.unwrap_or(0));
             } else {
                 held += 1;
                 failures.push(self.failure(index, NodeErrorKind::WrongValue));
@@ -214,7 +227,7 @@ impl Redlock {
             rounds += 1;
             let mut raise = scripts::FENCE.prepare_invoke();
             raise.key(&fence_key).arg(token);
-            let phase2 = self.round::<i64>(&raise, None).await;
+            let phase2 = self.round::<i64>(Request::Script(&raise), None).await;
             let raised = phase2
                 .replies
                 .iter()
@@ -294,7 +307,9 @@ impl Redlock {
         let ttl_ms = lease.ttl.as_millis().max(1) as u64;
         let mut invocation = scripts::EXTEND.prepare_invoke();
         invocation.key(&lock_key).arg(&lease.value).arg(ttl_ms);
-        let round = self.round::<i64>(&invocation, Some(left)).await;
+        let round = self
+            .round::<i64>(Request::Script(&invocation), Some(left))
+            .await;
         let mut failures = round.failures;
         let mut extended = 0;
         for (index, reply) in round.replies {
@@ -344,14 +359,14 @@ impl Redlock {
     async fn release_value(&self, lock_key: &str, value: &str) -> usize {
         let mut invocation = scripts::RELEASE.prepare_invoke();
         invocation.key(lock_key).arg(value);
-        let round = self.round::<i64>(&invocation, None).await;
+        let round = self.round::<i64>(Request::Script(&invocation), None).await;
         round.replies.iter().filter(|(_, n)| *n == 1).count()
     }
 
     /// How many nodes answer a trivial script now (readiness, degraded-mode reporting).
     pub async fn reachable_nodes(&self) -> usize {
         let invocation = scripts::PING.prepare_invoke();
-        let round = self.round::<i64>(&invocation, None).await;
+        let round = self.round::<i64>(Request::Script(&invocation), None).await;
         metrics::set_nodes_reachable(round.replies.len());
         round.replies.len()
     }
@@ -362,7 +377,9 @@ impl Redlock {
         let lock_key = self.lock_key(name);
         let mut invocation = scripts::GET.prepare_invoke();
         invocation.key(&lock_key);
-        let round = self.round::<Option<String>>(&invocation, None).await;
+        let round = self
+            .round::<Option<String>>(Request::Script(&invocation), None)
+            .await;
         let mut counts: Vec<(String, usize)> = Vec::new();
         for value in round.replies.into_iter().filter_map(|(_, v)| v) {
             match counts.iter_mut().find(|(v, _)| *v == value) {
@@ -384,7 +401,7 @@ impl Redlock {
     /// by the request timeout and by `limit`.
     async fn round<T: FromRedisValue + Send>(
         &self,
-        invocation: &redis::ScriptInvocation<'_>,
+        request: Request<'_>,
         limit: Option<Duration>,
     ) -> Round<T> {
         let limit = limit.unwrap_or(self.inner.config.request_timeout);
@@ -393,13 +410,13 @@ impl Redlock {
                 self.inner
                     .nodes
                     .iter()
-                    .map(|node| node.run_within::<T>(invocation, limit)),
+                    .map(|node| node.run_within::<T>(request, limit)),
             )
             .await
         } else {
             let mut results = Vec::with_capacity(self.inner.nodes.len());
             for node in &self.inner.nodes {
-                results.push(node.run_within::<T>(invocation, limit).await);
+                results.push(node.run_within::<T>(request, limit).await);
             }
             results
         };

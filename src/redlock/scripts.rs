@@ -1,18 +1,10 @@
-//! The Lua scripts of the protocol. Each runs atomically on one node. Every new connection
+//! The Lua scripts of the protocol (phase 1 of acquire needs none: see the engine). Each runs
+//! atomically on one node. Every new connection
 //! loads them all first; requests then go by SHA (EVALSHA), and redis-rs reloads a script on
 //! NOSCRIPT (e.g. after `SCRIPT FLUSH`).
 
 use redis::Script;
 use std::sync::LazyLock;
-
-/// Phase 1: take the lock if free and, only then, read the node's fence counter.
-/// KEYS: lock, fence. ARGV: value, ttl ms. Returns the fence (0 when absent) or -1 when held.
-const ACQUIRE_LUA: &str = r#"
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  return tonumber(redis.call('GET', KEYS[2]) or '0')
-end
-return -1
-"#;
 
 /// Phase 2: raise the fence to the new token (a max-register, so it is safe on every node).
 /// KEYS: fence. ARGV: token. Returns the fence value *before* this call, which lets the engine
@@ -50,7 +42,6 @@ const PING_LUA: &str = "return 1";
 /// Reads the lock value ("who holds it") through the same bounded path as everything else.
 const GET_LUA: &str = "return redis.call('GET', KEYS[1])";
 
-pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE_LUA));
 pub(crate) static FENCE: LazyLock<Script> = LazyLock::new(|| Script::new(FENCE_LUA));
 pub(crate) static EXTEND: LazyLock<Script> = LazyLock::new(|| Script::new(EXTEND_LUA));
 pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE_LUA));
@@ -62,14 +53,7 @@ pub(crate) async fn load_all(
     conn: &mut redis::aio::MultiplexedConnection,
 ) -> redis::RedisResult<()> {
     let mut pipe = redis::pipe();
-    for source in [
-        ACQUIRE_LUA,
-        FENCE_LUA,
-        EXTEND_LUA,
-        RELEASE_LUA,
-        PING_LUA,
-        GET_LUA,
-    ] {
+    for source in [FENCE_LUA, EXTEND_LUA, RELEASE_LUA, PING_LUA, GET_LUA] {
         pipe.cmd("SCRIPT").arg("LOAD").arg(source).ignore();
     }
     pipe.query_async::<()>(conn).await

@@ -2,7 +2,7 @@
 //! ports, with real faults (kill -9, SIGSTOP/SIGCONT, restart, clock skew through libfaketime),
 //! and a fault-injecting TCP proxy. Everything it starts is stopped when the handle drops, also
 //! when a test panics.
-#![allow(dead_code)]
+#![allow(dead_code, unused_imports)]
 
 pub mod proxy;
 pub mod redis_nodes;
