@@ -4,7 +4,9 @@
 //! Layers, each depending only on those before it: [`redlock`] (the lock engine, no Kubernetes),
 //! [`exec`] (run a command under a lock).
 
+pub mod api;
 pub mod exec;
 pub mod metrics;
 pub mod options;
 pub mod redlock;
+pub mod schedule;

@@ -30,7 +30,9 @@ enum Command {
     /// Exit codes: the command's own (128+N when signal N ended it); 75 lock not acquired
     /// within --wait; 76 lease lost, command stopped; 64 bad usage or configuration;
     /// 127 command could not be started.
-    Exec(ExecArgs),
+    Exec(Box<ExecArgs>),
+    /// Print the LockedJob CustomResourceDefinition (YAML), as committed in crds/.
+    Crd,
 }
 
 fn main() {
@@ -42,6 +44,10 @@ fn main() {
             std::process::exit(code);
         }
     };
+    if let Command::Crd = cli.command {
+        print!("{}", lockedjob::api::crd_yaml());
+        return;
+    }
     init_logging(cli.log_format);
     let _ = rustls::crypto::ring::default_provider().install_default();
     let runtime = match tokio::runtime::Runtime::new() {
@@ -53,7 +59,8 @@ fn main() {
     };
     let code = runtime.block_on(async move {
         match cli.command {
-            Command::Exec(args) => exec::run(args).await,
+            Command::Exec(args) => exec::run(*args).await,
+            Command::Crd => 0,
         }
     });
     // Pending background work (a connection attempt to a dead node) must not delay the exit.

@@ -1,0 +1,265 @@
+//! The `LockedJob` API (`lockedjob.dev/v1alpha1`): a CronJob-like schedule plus a Job template,
+//! run under a Redlock lease. Spec fields mirror batch/v1 CronJob where they apply.
+
+mod validate;
+
+pub use validate::{describe, validate, SpecError, ValidSpec, MAX_NAME_LENGTH, STOP_SLACK_SECONDS};
+
+use k8s_openapi::api::batch::v1::JobTemplateSpec;
+use k8s_openapi::api::core::v1::ObjectReference;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+pub const API_GROUP: &str = "lockedjob.dev";
+pub const API_VERSION: &str = "v1alpha1";
+
+/// Annotations on every Job the operator creates (DESIGN.md).
+pub const ANNOTATION_FENCING_TOKEN: &str = "lockedjob.dev/fencing-token";
+pub const ANNOTATION_LOCK_VALUE: &str = "lockedjob.dev/lock-value";
+pub const ANNOTATION_HOLDER: &str = "lockedjob.dev/holder";
+pub const ANNOTATION_SCHEDULED_TIME: &str = "lockedjob.dev/scheduled-time";
+/// Set on a LockedJob to start a run now, like `kubectl create job --from=cronjob/x`.
+pub const ANNOTATION_RUN_NOW: &str = "lockedjob.dev/run-now";
+
+/// Environment given to every Job pod (DESIGN.md).
+pub const ENV_FENCING_TOKEN: &str = "LOCKEDJOB_FENCING_TOKEN";
+pub const ENV_LOCK_NAME: &str = "LOCKEDJOB_LOCK_NAME";
+pub const ENV_SCHEDULED_TIME: &str = "LOCKEDJOB_SCHEDULED_TIME";
+pub const ENV_HOLDER: &str = "LOCKEDJOB_HOLDER";
+
+/// Condition types in `status.conditions`.
+pub mod conditions {
+    /// The spec is valid and the LockedJob is being scheduled.
+    pub const READY: &str = "Ready";
+    /// The spec cannot be run; the message says which field and how to fix it.
+    pub const INVALID_SPEC: &str = "InvalidSpec";
+    /// The last run lost its lease and was stopped.
+    pub const LOCK_LOST: &str = "LockLost";
+    /// Some Redis nodes do not answer; runs go on while a quorum does.
+    pub const REDIS_DEGRADED: &str = "RedisDegraded";
+}
+
+/// A schedule and a Job template, run exactly once per scheduled time across every replica and
+/// cluster that shares the same Redis nodes and lock name.
+// Several printcolumns repeat `type_ = "string"`, which the lint mistakes for duplicates.
+#[allow(clippy::duplicated_attributes)]
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "lockedjob.dev",
+    version = "v1alpha1",
+    kind = "LockedJob",
+    plural = "lockedjobs",
+    shortname = "lj",
+    namespaced,
+    status = "LockedJobStatus",
+    derive = "PartialEq",
+    doc = "A CronJob-like schedule whose every run is executed exactly once, by one runner, under a Redlock lease with a fencing token.",
+    printcolumn(name = "Schedule", type_ = "string", json_path = ".spec.schedule"),
+    printcolumn(name = "Suspend", type_ = "boolean", json_path = ".spec.suspend"),
+    printcolumn(
+        name = "Active",
+        type_ = "string",
+        json_path = ".status.active[*].name"
+    ),
+    printcolumn(
+        name = "Last Schedule",
+        type_ = "date",
+        json_path = ".status.lastScheduleTime"
+    ),
+    printcolumn(
+        name = "Holder",
+        type_ = "string",
+        json_path = ".status.lastRun.holder"
+    ),
+    printcolumn(
+        name = "Token",
+        type_ = "integer",
+        json_path = ".status.lastRun.fencingToken"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[x_kube(validation = Rule::new("!self.schedule.startsWith('TZ=') && !self.schedule.startsWith('CRON_TZ=')").message("put the time zone in spec.timeZone, not in the schedule"))]
+#[serde(rename_all = "camelCase")]
+pub struct LockedJobSpec {
+    /// Cron schedule: 5 fields (minute hour day-of-month month day-of-week) or a macro such as
+    /// `@hourly`, `@daily`, `@weekly`, `@monthly`, `@yearly`. Extension: an optional leading
+    /// seconds field (6 fields), e.g. `*/2 * * * * *` for every two seconds.
+    #[schemars(length(min = 1, max = 256))]
+    pub schedule: String,
+
+    /// IANA time zone of the schedule, e.g. `Europe/Berlin`. Default: UTC.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 64))]
+    pub time_zone: Option<String>,
+
+    /// No new runs while true; a running Job is left to finish.
+    #[serde(default)]
+    pub suspend: bool,
+
+    /// What to do when a run is due while the previous one is still active.
+    #[serde(default)]
+    pub concurrency_policy: ConcurrencyPolicy,
+
+    /// A run that could not start within this many seconds of its scheduled time is skipped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub starting_deadline_seconds: Option<i64>,
+
+    /// Finished successful Jobs to keep.
+    #[serde(default = "default_successful_history")]
+    #[schemars(range(min = 0, max = 100))]
+    pub successful_jobs_history_limit: i32,
+
+    /// Finished failed Jobs to keep.
+    #[serde(default = "default_failed_history")]
+    #[schemars(range(min = 0, max = 100))]
+    pub failed_jobs_history_limit: i32,
+
+    /// The lease every run holds while its Job runs.
+    #[serde(default)]
+    pub lock: LockSpec,
+
+    /// The Job to create for each run (batch/v1 JobTemplateSpec). Validated when the Job is
+    /// created; kept open in this schema so the CRD stays small enough for `kubectl apply`.
+    #[schemars(schema_with = "open_object_schema")]
+    pub job_template: JobTemplateSpec,
+}
+
+fn default_successful_history() -> i32 {
+    3
+}
+
+fn default_failed_history() -> i32 {
+    1
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum ConcurrencyPolicy {
+    /// Run the new Job alongside the active one (each still under its own lease).
+    Allow,
+    /// Skip the new run while one is active.
+    #[default]
+    Forbid,
+    /// Stop the active Job, then run the new one.
+    Replace,
+}
+
+/// The lease: its TTL bounds how long a dead holder blocks the job; renewals keep it while the
+/// Job runs.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[x_kube(validation = Rule::new("!has(self.renewIntervalSeconds) || self.renewIntervalSeconds < self.ttlSeconds").message("renewIntervalSeconds must be shorter than ttlSeconds"))]
+#[x_kube(validation = Rule::new("!has(self.safetyMarginSeconds) || self.safetyMarginSeconds < self.ttlSeconds").message("safetyMarginSeconds must be shorter than ttlSeconds"))]
+#[serde(rename_all = "camelCase")]
+pub struct LockSpec {
+    /// Lock name shared by every runner of this job; default `{namespace}/{name}`. Give two
+    /// clusters' LockedJobs the same name to run the job once across both.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 200))]
+    pub name: Option<String>,
+
+    /// Lease TTL in seconds.
+    #[serde(default = "default_ttl_seconds")]
+    #[schemars(range(min = 1, max = 86400))]
+    pub ttl_seconds: i32,
+
+    /// Renewal period in seconds; default ttlSeconds/3.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 86400))]
+    pub renew_interval_seconds: Option<i32>,
+
+    /// Seconds before the lease deadline at which a holder that could not renew stops its Job.
+    /// Default: the pod template's terminationGracePeriodSeconds plus 2, so that the pods are
+    /// gone before the deadline.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 86400))]
+    pub safety_margin_seconds: Option<i32>,
+}
+
+fn default_ttl_seconds() -> i32 {
+    30
+}
+
+impl Default for LockSpec {
+    fn default() -> Self {
+        Self {
+            name: None,
+            ttl_seconds: default_ttl_seconds(),
+            renew_interval_seconds: None,
+            safety_margin_seconds: None,
+        }
+    }
+}
+
+/// What the operator observed.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LockedJobStatus {
+    /// Jobs of this LockedJob that are running.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub active: Vec<ObjectReference>,
+    /// Scheduled time of the last run that was started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_schedule_time: Option<Time>,
+    /// When the last successful run finished.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_successful_time: Option<Time>,
+    /// The last run: its scheduled time, token, holder and outcome.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_run: Option<RunRecord>,
+    /// Ready, InvalidSpec, LockLost, RedisDegraded.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    pub conditions: Vec<Condition>,
+    /// The generation this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+}
+
+/// One run of the job.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RunRecord {
+    pub scheduled_time: Time,
+    pub job_name: String,
+    /// The fencing token the run held; larger than any token before it for this lock.
+    pub fencing_token: i64,
+    /// `{clusterId}/{podName}` of the operator replica that ran it.
+    pub holder: String,
+    pub outcome: RunOutcome,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum RunOutcome {
+    Running,
+    Succeeded,
+    Failed,
+    /// The lease was lost; the Job was deleted before the lease deadline.
+    LockLost,
+    /// Stopped by the operator (concurrency policy Replace, shutdown, or deletion).
+    Stopped,
+}
+
+/// `{type: object, x-kubernetes-preserve-unknown-fields: true}`: the one place the schema is
+/// open, for the embedded Job template.
+fn open_object_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "object",
+        "x-kubernetes-preserve-unknown-fields": true,
+    })
+}
+
+/// The CustomResourceDefinition as YAML, exactly as committed in `crds/`.
+pub fn crd_yaml() -> String {
+    use kube::CustomResourceExt;
+    let body = serde_saphyr::to_string(&LockedJob::crd())
+        .unwrap_or_else(|e| unreachable!("a CRD always serializes: {e}"));
+    format!("# Generated by `lockedjob crd`; do not edit: change src/api/ and regenerate.\n{body}")
+}

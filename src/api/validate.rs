@@ -1,0 +1,386 @@
+//! What the CRD schema cannot say: cron syntax, time zones, lease timing against the pods'
+//! shutdown time, derived name lengths. Every error names the field and the fix.
+
+use super::{ConcurrencyPolicy, LockedJobSpec};
+use crate::redlock::{LeaseTiming, DEFAULT_DRIFT_FACTOR};
+use crate::schedule::{Concurrency, Policy, Schedule, MAX_JOB_NAME};
+use jiff::SignedDuration;
+use std::fmt;
+use std::time::Duration;
+
+/// Longest LockedJob name: the Job name appends `-` and up to 10 digits and must stay a valid
+/// label value (63 characters), as with CronJob's 52.
+pub const MAX_NAME_LENGTH: usize = MAX_JOB_NAME - 11;
+/// Longest lock name (it becomes part of two Redis keys).
+pub const MAX_LOCK_NAME_LENGTH: usize = 200;
+/// Time allowed for a Job deletion to reach the kubelet, on top of the pods' grace period.
+pub const STOP_SLACK_SECONDS: i64 = 2;
+/// Kubernetes' default `terminationGracePeriodSeconds`.
+const DEFAULT_GRACE_SECONDS: i64 = 30;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SpecError {
+    /// JSON path of the offending field, e.g. `spec.lock.ttlSeconds`.
+    pub field: String,
+    /// What is wrong and how to fix it.
+    pub message: String,
+}
+
+impl fmt::Display for SpecError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.field, self.message)
+    }
+}
+
+/// Joins errors for a condition message or an event.
+pub fn describe(errors: &[SpecError]) -> String {
+    errors
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// A spec that passed every check, with its parsed parts.
+#[derive(Debug, Clone)]
+pub struct ValidSpec {
+    pub policy: Policy,
+    pub lock_name: String,
+    pub timing: LeaseTiming,
+}
+
+fn error(field: &str, message: impl Into<String>) -> SpecError {
+    SpecError {
+        field: field.to_string(),
+        message: message.into(),
+    }
+}
+
+pub fn validate(
+    namespace: &str,
+    name: &str,
+    spec: &LockedJobSpec,
+) -> Result<ValidSpec, Vec<SpecError>> {
+    let mut errors = Vec::new();
+
+    if name.len() > MAX_NAME_LENGTH {
+        errors.push(error(
+            "metadata.name",
+            format!(
+                "{name:?} is {} characters; at most {MAX_NAME_LENGTH} are allowed so that derived Job names fit Kubernetes' 63-character limit",
+                name.len()
+            ),
+        ));
+    }
+
+    let schedule = match Schedule::parse(&spec.schedule, spec.time_zone.as_deref()) {
+        Ok(schedule) => Some(schedule),
+        Err(e @ crate::schedule::ScheduleError::TimeZone(_)) => {
+            errors.push(error("spec.timeZone", e.to_string()));
+            None
+        }
+        Err(e) => {
+            errors.push(error("spec.schedule", e.to_string()));
+            None
+        }
+    };
+
+    let lock_name = spec
+        .lock
+        .name
+        .clone()
+        .unwrap_or_else(|| format!("{namespace}/{name}"));
+    if lock_name.trim().is_empty()
+        || lock_name.len() > MAX_LOCK_NAME_LENGTH
+        || lock_name
+            .chars()
+            .any(|c| c.is_whitespace() || c.is_control())
+    {
+        errors.push(error(
+            "spec.lock.name",
+            format!("{lock_name:?} must be 1 to {MAX_LOCK_NAME_LENGTH} characters without spaces or control characters"),
+        ));
+    }
+
+    if let Some(deadline) = spec.starting_deadline_seconds {
+        if deadline < 0 {
+            errors.push(error(
+                "spec.startingDeadlineSeconds",
+                "must be zero or more seconds",
+            ));
+        }
+    }
+    for (field, limit) in [
+        (
+            "spec.successfulJobsHistoryLimit",
+            spec.successful_jobs_history_limit,
+        ),
+        (
+            "spec.failedJobsHistoryLimit",
+            spec.failed_jobs_history_limit,
+        ),
+    ] {
+        if limit < 0 {
+            errors.push(error(field, "must be zero or more"));
+        }
+    }
+
+    let pod_spec = spec
+        .job_template
+        .spec
+        .as_ref()
+        .and_then(|job| job.template.spec.as_ref());
+    match pod_spec {
+        None => errors.push(error(
+            "spec.jobTemplate.spec.template.spec",
+            "the Job template needs a pod spec with at least one container",
+        )),
+        Some(pod) => {
+            if pod.containers.is_empty() {
+                errors.push(error(
+                    "spec.jobTemplate.spec.template.spec.containers",
+                    "must list at least one container",
+                ));
+            }
+            match pod.restart_policy.as_deref() {
+                Some("Never") | Some("OnFailure") => {}
+                other => errors.push(error(
+                    "spec.jobTemplate.spec.template.spec.restartPolicy",
+                    format!(
+                        "is {:?}; Jobs need Never or OnFailure",
+                        other.unwrap_or("Always (the default)")
+                    ),
+                )),
+            }
+        }
+    }
+    let grace = pod_spec
+        .and_then(|pod| pod.termination_grace_period_seconds)
+        .unwrap_or(DEFAULT_GRACE_SECONDS)
+        .max(0);
+
+    let timing = lease_timing(spec, grace, &mut errors);
+
+    match (schedule, timing, errors.is_empty()) {
+        (Some(schedule), Some(timing), true) => Ok(ValidSpec {
+            policy: Policy {
+                schedule,
+                suspend: spec.suspend,
+                concurrency: match spec.concurrency_policy {
+                    ConcurrencyPolicy::Allow => Concurrency::Allow,
+                    ConcurrencyPolicy::Forbid => Concurrency::Forbid,
+                    ConcurrencyPolicy::Replace => Concurrency::Replace,
+                },
+                starting_deadline: spec
+                    .starting_deadline_seconds
+                    .map(SignedDuration::from_secs),
+            },
+            lock_name,
+            timing,
+        }),
+        _ => Err(errors),
+    }
+}
+
+/// The lease must outlive one renewal period plus the time the pods need to stop after the
+/// holder gives up (`safetyMargin`, which defaults to the grace period plus slack).
+fn lease_timing(
+    spec: &LockedJobSpec,
+    grace: i64,
+    errors: &mut Vec<SpecError>,
+) -> Option<LeaseTiming> {
+    let lock = &spec.lock;
+    if lock.ttl_seconds < 1 {
+        errors.push(error("spec.lock.ttlSeconds", "must be at least 1"));
+        return None;
+    }
+    let needed_margin = grace + STOP_SLACK_SECONDS;
+    let margin = match lock.safety_margin_seconds {
+        Some(m) if i64::from(m) < needed_margin => {
+            errors.push(error(
+                "spec.lock.safetyMarginSeconds",
+                format!("is {m}s, but the pods may take terminationGracePeriodSeconds ({grace}s) + {STOP_SLACK_SECONDS}s to stop; set it to at least {needed_margin} or lower the grace period"),
+            ));
+            return None;
+        }
+        Some(m) => i64::from(m),
+        None => needed_margin,
+    };
+    let timing_for = |ttl_seconds: i64| {
+        let ttl = Duration::from_secs(ttl_seconds as u64);
+        LeaseTiming {
+            ttl,
+            renew_interval: lock
+                .renew_interval_seconds
+                .map(|r| Duration::from_secs(r.max(0) as u64))
+                .unwrap_or(ttl / 3),
+            safety_margin: Duration::from_secs(margin as u64),
+        }
+    };
+    let timing = timing_for(i64::from(lock.ttl_seconds));
+    if timing.validate(DEFAULT_DRIFT_FACTOR).is_ok() {
+        return Some(timing);
+    }
+    let fix = (i64::from(lock.ttl_seconds)..=86_400)
+        .find(|t| timing_for(*t).validate(DEFAULT_DRIFT_FACTOR).is_ok());
+    let renew = lock
+        .renew_interval_seconds
+        .map_or("ttlSeconds/3".to_string(), |r| format!("{r}s"));
+    let advice = match fix {
+        Some(t) => format!("raise ttlSeconds to at least {t}"),
+        None => "lower renewIntervalSeconds".to_string(),
+    };
+    errors.push(error(
+        "spec.lock.ttlSeconds",
+        format!(
+            "{}s is too short: a holder must renew (every {renew}) and still have {margin}s (safety margin: the pods' terminationGracePeriodSeconds {grace}s + {STOP_SLACK_SECONDS}s) to stop the Job before the lease ends; {advice}, or lower terminationGracePeriodSeconds",
+            lock.ttl_seconds
+        ),
+    ));
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::LockedJobSpec;
+
+    fn spec(yaml: &str) -> LockedJobSpec {
+        serde_saphyr::from_str(yaml).expect("test spec parses")
+    }
+
+    const TEMPLATE: &str = r#"
+jobTemplate:
+  spec:
+    template:
+      spec:
+        restartPolicy: Never
+        terminationGracePeriodSeconds: 5
+        containers: [{name: main, image: busybox}]
+"#;
+
+    #[test]
+    fn valid_spec_gets_defaults() {
+        let s = spec(&format!("schedule: '*/5 * * * *'\n{TEMPLATE}"));
+        let valid = validate("team", "sweep", &s).expect("valid");
+        assert_eq!(valid.lock_name, "team/sweep");
+        assert_eq!(valid.timing.ttl, Duration::from_secs(30));
+        assert_eq!(valid.timing.renew_interval, Duration::from_secs(10));
+        assert_eq!(valid.timing.safety_margin, Duration::from_secs(7));
+        assert_eq!(valid.policy.concurrency, Concurrency::Forbid);
+        assert!(!valid.policy.schedule.has_seconds());
+    }
+
+    #[test]
+    fn each_broken_field_is_named_with_its_fix() {
+        // (extra yaml, name, field, fragment of the message)
+        let long_name = "x".repeat(53);
+        let table: Vec<(String, &str, &str, &str)> = vec![
+            (
+                "schedule: 'not a cron'".into(),
+                "a",
+                "spec.schedule",
+                "not a valid cron expression",
+            ),
+            (
+                "schedule: '61 * * * *'".into(),
+                "a",
+                "spec.schedule",
+                "not a valid cron expression",
+            ),
+            (
+                "schedule: 'TZ=UTC 0 * * * *'".into(),
+                "a",
+                "spec.schedule",
+                "spec.timeZone",
+            ),
+            (
+                "schedule: '0 0 30 2 *'".into(),
+                "a",
+                "spec.schedule",
+                "never matches",
+            ),
+            (
+                "schedule: '@hourly'\ntimeZone: Mars/Olympus".into(),
+                "a",
+                "spec.timeZone",
+                "IANA name",
+            ),
+            (
+                "schedule: '@hourly'".into(),
+                &long_name,
+                "metadata.name",
+                "at most 52",
+            ),
+            (
+                "schedule: '@hourly'\nlock: {ttlSeconds: 5}".into(),
+                "a",
+                "spec.lock.ttlSeconds",
+                "raise ttlSeconds to at least 11",
+            ),
+            (
+                "schedule: '@hourly'\nlock: {ttlSeconds: 30, safetyMarginSeconds: 3}".into(),
+                "a",
+                "spec.lock.safetyMarginSeconds",
+                "at least 7",
+            ),
+            (
+                "schedule: '@hourly'\nlock: {name: 'has space'}".into(),
+                "a",
+                "spec.lock.name",
+                "without spaces",
+            ),
+            (
+                "schedule: '@hourly'\nstartingDeadlineSeconds: -1".into(),
+                "a",
+                "spec.startingDeadlineSeconds",
+                "zero or more",
+            ),
+        ];
+        for (extra, name, field, fragment) in table {
+            let s = spec(&format!("{extra}\n{TEMPLATE}"));
+            let errors = validate("ns", name, &s).expect_err(&extra);
+            let hit = errors.iter().find(|e| e.field == field);
+            let hit = hit.unwrap_or_else(|| panic!("{extra}: no error on {field}: {errors:?}"));
+            assert!(hit.message.contains(fragment), "{extra}: {hit}");
+        }
+    }
+
+    #[test]
+    fn job_template_must_be_runnable() {
+        let table = [
+            (
+                "jobTemplate: {spec: {template: {spec: {restartPolicy: Never, containers: []}}}}",
+                "containers",
+            ),
+            (
+                "jobTemplate: {spec: {template: {spec: {containers: [{name: a, image: b}]}}}}",
+                "restartPolicy",
+            ),
+            ("jobTemplate: {}", "spec.jobTemplate.spec.template.spec"),
+        ];
+        for (template, field) in table {
+            let s = spec(&format!("schedule: '@daily'\n{template}"));
+            let errors = validate("ns", "a", &s).expect_err(template);
+            assert!(
+                errors.iter().any(|e| e.field.ends_with(field)),
+                "{template}: {errors:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn default_grace_period_needs_a_longer_ttl() {
+        // No terminationGracePeriodSeconds: Kubernetes' 30 s applies, so 30 s TTL is too short.
+        let s = spec("schedule: '@daily'\njobTemplate: {spec: {template: {spec: {restartPolicy: Never, containers: [{name: a, image: b}]}}}}");
+        let errors = validate("ns", "a", &s).expect_err("ttl too short for 30s grace");
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert!(
+            errors[0]
+                .message
+                .contains("raise ttlSeconds to at least 49"),
+            "{}",
+            errors[0]
+        );
+    }
+}

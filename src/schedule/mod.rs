@@ -1,0 +1,232 @@
+//! Pure time logic: cron schedules in a time zone, and what a LockedJob should do at a given
+//! instant, with batch/v1 CronJob's semantics. No I/O, no clock: `now` is always an argument.
+
+use croner::parser::{CronParser, Seconds, Year};
+use croner::Cron;
+use jiff::tz::TimeZone;
+use jiff::{SignedDuration, Timestamp};
+
+/// CronJob warns when more start times than this were missed, and runs only the most recent.
+pub const TOO_MANY_MISSED: u64 = 100;
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ScheduleError {
+    #[error("schedule {schedule:?} is not a valid cron expression: {reason}; use 5 fields (minute hour day-of-month month day-of-week, e.g. \"*/5 * * * *\"), a leading seconds field as an extension, or a macro such as @hourly")]
+    Cron { schedule: String, reason: String },
+    #[error("unknown time zone {0:?}: use an IANA name such as \"Europe/Berlin\" or \"America/New_York\"")]
+    TimeZone(String),
+    #[error("schedule {0:?} sets its time zone inline: put it in spec.timeZone instead")]
+    InlineTimeZone(String),
+}
+
+/// A parsed cron schedule bound to a time zone.
+#[derive(Debug, Clone)]
+pub struct Schedule {
+    cron: Cron,
+    zone: TimeZone,
+    zone_name: String,
+    has_seconds: bool,
+}
+
+impl Schedule {
+    /// Parses a 5-field expression, a 6-field one with leading seconds, or a macro
+    /// (`@yearly`, `@annually`, `@monthly`, `@weekly`, `@daily`, `@midnight`, `@hourly`).
+    /// Day-of-month and day-of-week combine with OR, as in Vixie cron and CronJob.
+    pub fn parse(expression: &str, time_zone: Option<&str>) -> Result<Self, ScheduleError> {
+        let trimmed = expression.trim();
+        if trimmed.starts_with("TZ=") || trimmed.starts_with("CRON_TZ=") {
+            return Err(ScheduleError::InlineTimeZone(expression.to_string()));
+        }
+        let bad = |reason: String| ScheduleError::Cron {
+            schedule: expression.to_string(),
+            reason,
+        };
+        let fields = trimmed.split_whitespace().count();
+        let has_seconds = !trimmed.starts_with('@') && fields == 6;
+        if !trimmed.starts_with('@') && !(5..=6).contains(&fields) {
+            return Err(bad(format!("it has {fields} fields")));
+        }
+        let macro_expression = match trimmed.to_ascii_lowercase().as_str() {
+            "@midnight" => Some("0 0 * * *"),
+            _ => None,
+        };
+        let cron = CronParser::builder()
+            .seconds(Seconds::Optional)
+            .year(Year::Disallowed)
+            .build()
+            .parse(macro_expression.unwrap_or(trimmed))
+            .map_err(|e| bad(e.to_string()))?;
+        let zone_name = time_zone.unwrap_or("UTC").to_string();
+        let zone = jiff::tz::db()
+            .get(&zone_name)
+            .map_err(|_| ScheduleError::TimeZone(zone_name.clone()))?;
+        let schedule = Self {
+            cron,
+            zone,
+            zone_name,
+            has_seconds,
+        };
+        // Patterns like "0 0 30 2 *" parse but never fire.
+        if schedule.next_after(Timestamp::UNIX_EPOCH).is_none()
+            && schedule.next_after(Timestamp::now()).is_none()
+        {
+            return Err(bad("it never matches a real date".into()));
+        }
+        Ok(schedule)
+    }
+
+    pub fn has_seconds(&self) -> bool {
+        self.has_seconds
+    }
+
+    pub fn time_zone(&self) -> &str {
+        &self.zone_name
+    }
+
+    /// The first scheduled time strictly after `t`.
+    pub fn next_after(&self, t: Timestamp) -> Option<Timestamp> {
+        self.cron
+            .find_next_occurrence(&t.to_zoned(self.zone.clone()), false)
+            .ok()
+            .map(|z| z.timestamp())
+    }
+
+    /// The last scheduled time at or before `t`.
+    pub fn latest_at_or_before(&self, t: Timestamp) -> Option<Timestamp> {
+        self.cron
+            .find_previous_occurrence(&t.to_zoned(self.zone.clone()), true)
+            .ok()
+            .map(|z| z.timestamp())
+    }
+
+    /// Scheduled times in `(after, until]`, counted up to `cap`.
+    pub fn count_between(&self, after: Timestamp, until: Timestamp, cap: u64) -> u64 {
+        let mut count = 0;
+        let mut cursor = after;
+        while count < cap {
+            match self.next_after(cursor) {
+                Some(t) if t <= until => {
+                    count += 1;
+                    cursor = t;
+                }
+                _ => break,
+            }
+        }
+        count
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Concurrency {
+    Allow,
+    Forbid,
+    Replace,
+}
+
+/// The parts of a LockedJob's spec that decide when it runs.
+#[derive(Debug, Clone)]
+pub struct Policy {
+    pub schedule: Schedule,
+    pub suspend: bool,
+    pub concurrency: Concurrency,
+    pub starting_deadline: Option<SignedDuration>,
+}
+
+/// What is known about past runs.
+#[derive(Debug, Clone, Copy)]
+pub struct History {
+    /// The LockedJob's creation time: no run is due before it.
+    pub created: Timestamp,
+    /// Scheduled time of the last run started.
+    pub last_schedule_time: Option<Timestamp>,
+    /// Runs still active.
+    pub active_runs: usize,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// Start the run for `scheduled` now. With `replace_active`, stop the active runs first.
+    /// `missed` counts due times since the last run (the most recent is the one run; earlier
+    /// ones are not made up, as in CronJob); `missed > TOO_MANY_MISSED` deserves a warning.
+    Run {
+        scheduled: Timestamp,
+        replace_active: bool,
+        missed: u64,
+        next: Option<Timestamp>,
+    },
+    /// Nothing is due; look again at `next` (`None`: the schedule has no future time).
+    Wait { next: Option<Timestamp> },
+    /// A run is due for `scheduled` but must not start now.
+    Skip {
+        scheduled: Timestamp,
+        reason: SkipReason,
+        next: Option<Timestamp>,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SkipReason {
+    Suspended,
+    /// concurrencyPolicy Forbid and a run is active; decided again when it ends (and run then
+    /// if still within the starting deadline).
+    PreviousRunActive,
+}
+
+/// What to do at `now`, with CronJob's semantics:
+/// - due times are those after the last run's scheduled time (or the creation time);
+/// - with `startingDeadlineSeconds`, due times older than `now - deadline` are dropped;
+/// - of several missed times only the most recent runs;
+/// - suspend and concurrencyPolicy Forbid hold a due run back without consuming it.
+pub fn next_action(policy: &Policy, now: Timestamp, history: &History) -> Decision {
+    let schedule = &policy.schedule;
+    let next = schedule.next_after(now);
+    let mut earliest = history.last_schedule_time.unwrap_or(history.created);
+    if let Some(deadline) = policy.starting_deadline {
+        if let Ok(cutoff) = now.checked_sub(deadline) {
+            earliest = earliest.max(cutoff);
+        }
+    }
+    let due = match schedule.latest_at_or_before(now) {
+        Some(t) if t > earliest => t,
+        _ => return Decision::Wait { next },
+    };
+    if policy.suspend {
+        return Decision::Skip {
+            scheduled: due,
+            reason: SkipReason::Suspended,
+            next,
+        };
+    }
+    let replace_active = history.active_runs > 0 && policy.concurrency == Concurrency::Replace;
+    if history.active_runs > 0 && policy.concurrency == Concurrency::Forbid {
+        return Decision::Skip {
+            scheduled: due,
+            reason: SkipReason::PreviousRunActive,
+            next,
+        };
+    }
+    Decision::Run {
+        scheduled: due,
+        replace_active,
+        missed: schedule.count_between(earliest, now, TOO_MANY_MISSED + 1),
+        next,
+    }
+}
+
+/// Kubernetes' limit for label values, which the Job controller copies the Job name into.
+pub const MAX_JOB_NAME: usize = 63;
+
+/// The Job name for a run, derived from the LockedJob's name and the scheduled time, as
+/// CronJob does: minutes since the epoch, or seconds for schedules with a seconds field. Every
+/// replica and cluster derives the same name, so a second create for the same run collides.
+pub fn job_name(locked_job: &str, scheduled: Timestamp, has_seconds: bool) -> String {
+    let stamp = if has_seconds {
+        scheduled.as_second()
+    } else {
+        scheduled.as_second().div_euclid(60)
+    };
+    format!("{locked_job}-{stamp}")
+}
+
+#[cfg(test)]
+mod tests;

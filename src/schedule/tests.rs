@@ -1,0 +1,401 @@
+use super::*;
+use proptest::prelude::*;
+
+fn ts(s: &str) -> Timestamp {
+    s.parse().unwrap_or_else(|e| panic!("{s}: {e}"))
+}
+
+fn schedule(expr: &str, zone: Option<&str>) -> Schedule {
+    Schedule::parse(expr, zone).unwrap_or_else(|e| panic!("{expr}: {e}"))
+}
+
+fn policy(expr: &str) -> Policy {
+    Policy {
+        schedule: schedule(expr, None),
+        suspend: false,
+        concurrency: Concurrency::Forbid,
+        starting_deadline: None,
+    }
+}
+
+#[test]
+fn parses_standard_macros_and_seconds_and_rejects_the_rest() {
+    // (expression, after, expected next, has seconds)
+    let table = [
+        (
+            "*/5 * * * *",
+            "2026-01-01T00:01:00Z",
+            "2026-01-01T00:05:00Z",
+            false,
+        ),
+        (
+            "0 3 * * *",
+            "2026-01-01T03:00:00Z",
+            "2026-01-02T03:00:00Z",
+            false,
+        ),
+        (
+            "@hourly",
+            "2026-01-01T00:59:59Z",
+            "2026-01-01T01:00:00Z",
+            false,
+        ),
+        (
+            "@daily",
+            "2026-01-01T00:00:00Z",
+            "2026-01-02T00:00:00Z",
+            false,
+        ),
+        (
+            "@midnight",
+            "2026-01-01T12:00:00Z",
+            "2026-01-02T00:00:00Z",
+            false,
+        ),
+        (
+            "@weekly",
+            "2026-01-01T00:00:00Z",
+            "2026-01-04T00:00:00Z",
+            false,
+        ), // a Sunday
+        (
+            "@monthly",
+            "2026-01-15T00:00:00Z",
+            "2026-02-01T00:00:00Z",
+            false,
+        ),
+        (
+            "@yearly",
+            "2026-01-15T00:00:00Z",
+            "2027-01-01T00:00:00Z",
+            false,
+        ),
+        (
+            "*/2 * * * * *",
+            "2026-01-01T00:00:01Z",
+            "2026-01-01T00:00:02Z",
+            true,
+        ),
+        (
+            "30 0 9 * * MON-FRI",
+            "2026-01-02T09:00:30Z",
+            "2026-01-05T09:00:30Z",
+            true,
+        ),
+        // Day-of-month OR day-of-week, as in Vixie cron: the 13th, or any Friday.
+        (
+            "0 0 13 * 5",
+            "2026-01-01T00:00:00Z",
+            "2026-01-02T00:00:00Z",
+            false,
+        ),
+    ];
+    for (expr, after, expected, seconds) in table {
+        let s = schedule(expr, None);
+        assert_eq!(
+            s.next_after(ts(after)),
+            Some(ts(expected)),
+            "{expr} after {after}"
+        );
+        assert_eq!(s.has_seconds(), seconds, "{expr}");
+    }
+    for bad in [
+        "",
+        "* * * *",
+        "* * * * * * *",
+        "60 * * * *",
+        "* 24 * * *",
+        "@often",
+        "a b c d e",
+    ] {
+        assert!(
+            matches!(Schedule::parse(bad, None), Err(ScheduleError::Cron { .. })),
+            "{bad:?}"
+        );
+    }
+    assert!(matches!(
+        Schedule::parse("TZ=UTC * * * * *", None),
+        Err(ScheduleError::InlineTimeZone(_))
+    ));
+    assert!(matches!(
+        Schedule::parse("@daily", Some("Nowhere/City")),
+        Err(ScheduleError::TimeZone(_))
+    ));
+}
+
+#[test]
+fn time_zones_with_dst_gaps_and_overlaps() {
+    let ny = Some("America/New_York");
+    // (expression, zone, after, expected next occurrences in UTC)
+    let table: [(&str, Option<&str>, &str, &[&str]); 5] = [
+        // Plain offset: 03:00 in Berlin (CET, UTC+1) is 02:00 UTC.
+        (
+            "0 3 * * *",
+            Some("Europe/Berlin"),
+            "2026-01-10T00:00:00Z",
+            &["2026-01-10T02:00:00Z"],
+        ),
+        // Spring forward (2026-03-08, 02:00 EST -> 03:00 EDT): 02:30 does not exist that day;
+        // the run happens once, right after the gap at 03:00 EDT, and at 02:30 EDT next day.
+        (
+            "30 2 * * *",
+            ny,
+            "2026-03-07T12:00:00Z",
+            &["2026-03-08T07:00:00Z", "2026-03-09T06:30:00Z"],
+        ),
+        // Fall back (2026-11-01, 02:00 EDT -> 01:00 EST): 01:30 happens twice; a fixed-time job
+        // runs once, at the first (EDT) one.
+        (
+            "30 1 * * *",
+            ny,
+            "2026-10-30T12:00:00Z",
+            &[
+                "2026-10-31T05:30:00Z",
+                "2026-11-01T05:30:00Z",
+                "2026-11-02T06:30:00Z",
+            ],
+        ),
+        // An interval job runs in both passes of the repeated hour.
+        (
+            "*/30 1 * * *",
+            ny,
+            "2026-11-01T04:59:00Z",
+            &[
+                "2026-11-01T05:00:00Z",
+                "2026-11-01T05:30:00Z",
+                "2026-11-01T06:00:00Z",
+                "2026-11-01T06:30:00Z",
+            ],
+        ),
+        // And skips what falls in the gap.
+        (
+            "0 * * * *",
+            ny,
+            "2026-03-08T06:30:00Z",
+            &["2026-03-08T07:00:00Z", "2026-03-08T08:00:00Z"],
+        ),
+    ];
+    for (expr, zone, after, expected) in table {
+        let s = schedule(expr, zone);
+        let mut cursor = ts(after);
+        for want in expected {
+            let got = s.next_after(cursor).expect("a next time");
+            assert_eq!(got, ts(want), "{expr} in {zone:?} after {cursor}");
+            cursor = got;
+        }
+    }
+}
+
+#[test]
+fn latest_at_or_before_includes_the_instant() {
+    let s = schedule("*/5 * * * *", None);
+    let t = ts("2026-01-01T00:10:00Z");
+    assert_eq!(s.latest_at_or_before(t), Some(t));
+    assert_eq!(s.latest_at_or_before(ts("2026-01-01T00:14:59Z")), Some(t));
+}
+
+#[test]
+fn next_action_follows_cronjob_semantics() {
+    let created = ts("2026-01-01T00:00:30Z");
+    let every_minute = policy("* * * * *");
+    let h = |last: Option<&str>, active: usize| History {
+        created,
+        last_schedule_time: last.map(ts),
+        active_runs: active,
+    };
+    let run = |at: &str, missed: u64, replace: bool, next: &str| Decision::Run {
+        scheduled: ts(at),
+        replace_active: replace,
+        missed,
+        next: Some(ts(next)),
+    };
+    let with = |f: &dyn Fn(&mut Policy)| {
+        let mut p = every_minute.clone();
+        f(&mut p);
+        p
+    };
+    // (policy, now, history, expected)
+    let table = [
+        // Nothing due before the first minute after creation.
+        (
+            every_minute.clone(),
+            "2026-01-01T00:00:50Z",
+            h(None, 0),
+            Decision::Wait {
+                next: Some(ts("2026-01-01T00:01:00Z")),
+            },
+        ),
+        // Due exactly at the minute.
+        (
+            every_minute.clone(),
+            "2026-01-01T00:01:00Z",
+            h(None, 0),
+            run("2026-01-01T00:01:00Z", 1, false, "2026-01-01T00:02:00Z"),
+        ),
+        // Already run for that minute: wait.
+        (
+            every_minute.clone(),
+            "2026-01-01T00:01:20Z",
+            h(Some("2026-01-01T00:01:00Z"), 0),
+            Decision::Wait {
+                next: Some(ts("2026-01-01T00:02:00Z")),
+            },
+        ),
+        // Three missed: only the most recent runs.
+        (
+            every_minute.clone(),
+            "2026-01-01T00:04:10Z",
+            h(Some("2026-01-01T00:01:00Z"), 0),
+            run("2026-01-01T00:04:00Z", 3, false, "2026-01-01T00:05:00Z"),
+        ),
+        // Far behind: the count is capped just past the warning threshold.
+        (
+            every_minute.clone(),
+            "2026-01-02T00:00:10Z",
+            h(None, 0),
+            run(
+                "2026-01-02T00:00:00Z",
+                TOO_MANY_MISSED + 1,
+                false,
+                "2026-01-02T00:01:00Z",
+            ),
+        ),
+        // The starting deadline drops a due time that is too old...
+        (
+            with(&|p| p.starting_deadline = Some(SignedDuration::from_secs(10))),
+            "2026-01-01T00:01:15Z",
+            h(None, 0),
+            Decision::Wait {
+                next: Some(ts("2026-01-01T00:02:00Z")),
+            },
+        ),
+        // ...and keeps one within it.
+        (
+            with(&|p| p.starting_deadline = Some(SignedDuration::from_secs(20))),
+            "2026-01-01T00:01:15Z",
+            h(None, 0),
+            run("2026-01-01T00:01:00Z", 1, false, "2026-01-01T00:02:00Z"),
+        ),
+        // Suspended: due but held back.
+        (
+            with(&|p| p.suspend = true),
+            "2026-01-01T00:01:05Z",
+            h(None, 0),
+            Decision::Skip {
+                scheduled: ts("2026-01-01T00:01:00Z"),
+                reason: SkipReason::Suspended,
+                next: Some(ts("2026-01-01T00:02:00Z")),
+            },
+        ),
+        // Forbid with an active run: held back.
+        (
+            every_minute.clone(),
+            "2026-01-01T00:02:05Z",
+            h(Some("2026-01-01T00:01:00Z"), 1),
+            Decision::Skip {
+                scheduled: ts("2026-01-01T00:02:00Z"),
+                reason: SkipReason::PreviousRunActive,
+                next: Some(ts("2026-01-01T00:03:00Z")),
+            },
+        ),
+        // Replace with an active run: run, replacing it.
+        (
+            with(&|p| p.concurrency = Concurrency::Replace),
+            "2026-01-01T00:02:05Z",
+            h(Some("2026-01-01T00:01:00Z"), 1),
+            run("2026-01-01T00:02:00Z", 1, true, "2026-01-01T00:03:00Z"),
+        ),
+        // Allow with an active run: run beside it.
+        (
+            with(&|p| p.concurrency = Concurrency::Allow),
+            "2026-01-01T00:02:05Z",
+            h(Some("2026-01-01T00:01:00Z"), 1),
+            run("2026-01-01T00:02:00Z", 1, false, "2026-01-01T00:03:00Z"),
+        ),
+    ];
+    for (i, (p, now, history, expected)) in table.into_iter().enumerate() {
+        assert_eq!(
+            next_action(&p, ts(now), &history),
+            expected,
+            "row {i} at {now}"
+        );
+    }
+}
+
+#[test]
+fn job_names_are_deterministic_and_fit_label_limits() {
+    let t = ts("2026-01-01T00:02:00Z");
+    assert_eq!(
+        job_name("report", t, false),
+        format!("report-{}", t.as_second() / 60)
+    );
+    assert_eq!(
+        job_name("report", t, true),
+        format!("report-{}", t.as_second())
+    );
+    let longest = "x".repeat(crate::api::MAX_NAME_LENGTH);
+    // Seconds-resolution names stay within the limit for millennia.
+    let far = ts("2286-11-20T17:46:39Z");
+    assert!(job_name(&longest, far, true).len() <= MAX_JOB_NAME);
+}
+
+const SCHEDULES: &[&str] = &[
+    "* * * * *",
+    "*/7 * * * *",
+    "0,15,40 * * * *",
+    "*/3 * * * * *",
+    "17 */2 * * *",
+];
+
+proptest! {
+    // Walk `now` forward by arbitrary steps, applying each Run as the controller would (record
+    // lastScheduleTime). Runs are strictly increasing (never twice), each is a real scheduled
+    // time no later than `now`, and it is the most recent one due.
+    #[test]
+    fn runs_are_never_repeated_and_always_the_latest_due(
+        which in 0..SCHEDULES.len(),
+        steps in proptest::collection::vec(1i64..400, 1..150),
+    ) {
+        let p = policy(SCHEDULES[which]);
+        let created = ts("2026-03-01T00:00:00Z");
+        let mut now = created;
+        let mut last: Option<Timestamp> = None;
+        for step in steps {
+            now += SignedDuration::from_secs(step);
+            let history = History { created, last_schedule_time: last, active_runs: 0 };
+            if let Decision::Run { scheduled, .. } = next_action(&p, now, &history) {
+                prop_assert!(scheduled <= now);
+                prop_assert!(last.is_none_or(|l| scheduled > l), "ran {scheduled} again");
+                prop_assert_eq!(p.schedule.latest_at_or_before(now), Some(scheduled));
+                last = Some(scheduled);
+            }
+        }
+    }
+
+    // When `now` advances by less than the shortest gap between scheduled times, every due
+    // time in the walked range runs exactly once: none is skipped.
+    #[test]
+    fn dense_observation_runs_every_due_time_exactly_once(
+        steps in proptest::collection::vec(1i64..60, 1..300),
+    ) {
+        let p = policy("*/2 * * * *"); // every 120 s; steps are shorter
+        let created = ts("2026-03-01T00:00:30Z");
+        let mut now = created;
+        let mut runs = Vec::new();
+        for step in steps {
+            now += SignedDuration::from_secs(step);
+            let history = History { created, last_schedule_time: runs.last().copied(), active_runs: 0 };
+            if let Decision::Run { scheduled, .. } = next_action(&p, now, &history) {
+                runs.push(scheduled);
+            }
+        }
+        let mut expected = Vec::new();
+        let mut cursor = created;
+        while let Some(t) = p.schedule.next_after(cursor) {
+            if t > now { break; }
+            expected.push(t);
+            cursor = t;
+        }
+        prop_assert_eq!(runs, expected);
+    }
+}
