@@ -12,6 +12,6 @@ cargo fmt --all -- --check
 echo "== cargo clippy"
 cargo clippy --locked --all-targets -- -D warnings
 echo "== benchmark smoke pass (cargo bench runs it in full)"
-cargo test --locked --benches
+cargo test --locked --bench redlock
 echo "== cargo test"
 cargo test --locked --lib --bins --tests
