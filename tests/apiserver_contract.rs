@@ -1,10 +1,1140 @@
-//! Contract tests of the API-server stand-in, through the real `kube::Client`.
+//! Contract tests of the API-server stand-in, through the real `kube::Client`: each runs against
+//! the stand-in, and against a real cluster too when `LOCKEDJOB_E2E_KUBECONFIG` names a
+//! kubeconfig (same code, two backends). Tests that need the stand-in's fault switches or
+//! internals say so and run on the stand-in only.
+
 mod standin;
 
-#[tokio::test]
-async fn smoke() {
-    let server = standin::ApiServer::start();
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use kube::api::{
+    Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions, WatchEvent,
+    WatchParams,
+};
+use kube::runtime::{watcher, WatchStreamExt};
+use kube::{Client, ResourceExt};
+use lockedjob::api::LockedJob;
+use serde_json::json;
+use standin::{eventually, ApiServer};
+use std::time::{Duration, Instant};
+
+const WAIT: Duration = Duration::from_secs(20);
+
+/// One backend: a client, a namespace of its own, and the stand-in when that is what it is.
+struct Backend {
+    name: &'static str,
+    client: Client,
+    namespace: String,
+    standin: Option<ApiServer>,
+}
+
+impl Backend {
+    fn api<K>(&self) -> Api<K>
+    where
+        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>,
+        <K as kube::Resource>::DynamicType: Default,
+    {
+        Api::namespaced(self.client.clone(), &self.namespace)
+    }
+}
+
+async fn backends() -> Vec<Backend> {
+    let standin = ApiServer::start();
+    let mut list = vec![Backend {
+        name: "stand-in",
+        client: standin.client().await,
+        namespace: "default".into(),
+        standin: Some(standin),
+    }];
+    if let Ok(path) = std::env::var("LOCKEDJOB_E2E_KUBECONFIG") {
+        let client = standin::client_for(std::path::Path::new(&path)).await;
+        let namespace = format!("lockedjob-contract-{:08x}", rand::random::<u32>());
+        let namespaces: Api<Namespace> = Api::all(client.clone());
+        namespaces
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({"metadata": {"name": namespace}})).expect("ns"),
+            )
+            .await
+            .expect("create test namespace on the real cluster");
+        list.push(Backend {
+            name: "real cluster",
+            client,
+            namespace,
+            standin: None,
+        });
+    } else {
+        println!("LOCKEDJOB_E2E_KUBECONFIG not set: contract tests run against the stand-in only");
+    }
+    list
+}
+
+async fn cleanup(backends: Vec<Backend>) {
+    for b in backends.into_iter().filter(|b| b.standin.is_none()) {
+        let namespaces: Api<Namespace> = Api::all(b.client.clone());
+        let _ = namespaces
+            .delete(&b.namespace, &DeleteParams::background())
+            .await;
+    }
+}
+
+fn lease(name: &str, labels: serde_json::Value) -> Lease {
+    serde_json::from_value(
+        json!({"metadata": {"name": name, "labels": labels}, "spec": {"holderIdentity": "test"}}),
+    )
+    .expect("lease")
+}
+
+fn rv<K: ResourceExt>(object: &K) -> u64 {
+    object
+        .resource_version()
+        .and_then(|v| v.parse().ok())
+        .expect("numeric resourceVersion")
+}
+
+fn status_code(err: &kube::Error) -> Option<u16> {
+    match err {
+        kube::Error::Api(status) => Some(status.code),
+        _ => None,
+    }
+}
+
+fn locked_job(name: &str) -> LockedJob {
+    serde_json::from_value(json!({
+        "apiVersion": "lockedjob.dev/v1alpha1", "kind": "LockedJob",
+        "metadata": {"name": name},
+        "spec": {"schedule": "*/5 * * * *", "jobTemplate": {"spec": {"template": {"spec": {
+            "restartPolicy": "Never", "containers": [{"name": "main", "image": "busybox:1.36", "command": ["true"]}]}}}}}
+    }))
+    .expect("locked job")
+}
+
+fn job(name: &str, script: &str, extra: serde_json::Value) -> Job {
+    let mut value = json!({
+        "metadata": {"name": name},
+        "spec": {"backoffLimit": 0, "template": {"spec": {
+            "restartPolicy": "Never", "terminationGracePeriodSeconds": 1,
+            "containers": [{"name": "main", "image": "busybox:1.36", "command": ["sh", "-c", script],
+                            "env": [{"name": "GREETING", "value": "hello"}]}]}}}
+    });
+    json_patch::merge(&mut value, &extra);
+    serde_json::from_value(value).expect("job")
+}
+
+async fn ensure_crd(b: &Backend) {
+    if b.standin.is_some() {
+        return; // the stand-in serves the LockedJob CRD from the start
+    }
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    use kube::CustomResourceExt;
+    let crds: Api<CustomResourceDefinition> = Api::all(b.client.clone());
+    let _ = crds
+        .patch(
+            "lockedjobs.lockedjob.dev",
+            &PatchParams::apply("lockedjob-contract").force(),
+            &Patch::Apply(LockedJob::crd()),
+        )
+        .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resource_versions_increase_and_lists_report_them() {
+    let all = backends().await;
+    for b in &all {
+        let leases: Api<Lease> = b.api();
+        let first = leases
+            .create(&PostParams::default(), &lease("rv-a", json!({})))
+            .await
+            .expect("create a");
+        let second = leases
+            .create(&PostParams::default(), &lease("rv-b", json!({})))
+            .await
+            .expect("create b");
+        assert!(rv(&second) > rv(&first), "{}", b.name);
+        let updated = leases
+            .patch(
+                "rv-a",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"holderIdentity": "x"}})),
+            )
+            .await
+            .expect("patch");
+        assert!(rv(&updated) > rv(&second), "{}", b.name);
+        let list = leases.list(&ListParams::default()).await.expect("list");
+        let list_rv: u64 = list
+            .metadata
+            .resource_version
+            .as_deref()
+            .and_then(|v| v.parse().ok())
+            .expect("list rv");
+        assert!(list_rv >= rv(&updated), "{}", b.name);
+        assert!(
+            first.uid().is_some() && first.creation_timestamp().is_some(),
+            "{}",
+            b.name
+        );
+    }
+    cleanup(all).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_from_a_resource_version_streams_what_came_after() {
+    let all = backends().await;
+    for b in &all {
+        let leases: Api<Lease> = b.api();
+        let before = leases
+            .create(&PostParams::default(), &lease("w-before", json!({})))
+            .await
+            .expect("create");
+        leases
+            .create(&PostParams::default(), &lease("w-after", json!({})))
+            .await
+            .expect("create");
+        leases
+            .patch(
+                "w-after",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"labels": {"x": "1"}}})),
+            )
+            .await
+            .expect("patch");
+        leases
+            .delete("w-after", &DeleteParams::default())
+            .await
+            .expect("delete");
+        let stream = leases
+            .watch(&WatchParams::default().timeout(5), &rv(&before).to_string())
+            .await
+            .expect("watch");
+        let events: Vec<String> = stream
+            .try_filter_map(|e| async move {
+                Ok(match e {
+                    WatchEvent::Added(l) => Some(format!("ADDED {}", l.name_any())),
+                    WatchEvent::Modified(l) => Some(format!("MODIFIED {}", l.name_any())),
+                    WatchEvent::Deleted(l) => Some(format!("DELETED {}", l.name_any())),
+                    _ => None,
+                })
+            })
+            .take(3)
+            .try_collect()
+            .await
+            .expect("watch events");
+        assert_eq!(
+            events,
+            ["ADDED w-after", "MODIFIED w-after", "DELETED w-after"],
+            "{}",
+            b.name
+        );
+    }
+    cleanup(all).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_sends_bookmarks_when_asked_and_ends_at_its_timeout() {
+    let all = backends().await;
+    for b in all.iter().filter(|b| b.standin.is_some()) {
+        // Real servers send bookmarks about once a minute; only the stand-in's pace fits a test.
+        let leases: Api<Lease> = b.api();
+        let started = Instant::now();
+        let events: Vec<_> = leases
+            .watch(&WatchParams::default().timeout(2), "0")
+            .await
+            .expect("watch")
+            .collect()
+            .await;
+        assert!(
+            events
+                .iter()
+                .any(|e| matches!(e, Ok(WatchEvent::Bookmark(_)))),
+            "{}: {events:?}",
+            b.name
+        );
+        assert!(
+            started.elapsed() >= Duration::from_secs(2),
+            "stream ended before its timeout"
+        );
+    }
+    cleanup(all).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compacted_resource_version_is_gone_and_a_watcher_recovers() {
+    let server = ApiServer::start(); // stand-in only: compaction and dropped streams are its switches
     let client = server.client().await;
-    let v = client.apiserver_version().await.expect("version");
-    assert_eq!(v.major, "1");
+    let leases: Api<Lease> = Api::namespaced(client.clone(), "default");
+    let old = leases
+        .create(&PostParams::default(), &lease("c-1", json!({})))
+        .await
+        .expect("create");
+    leases
+        .create(&PostParams::default(), &lease("c-2", json!({})))
+        .await
+        .expect("create");
+    server.store().compact();
+    let mut stream = leases
+        .watch(&WatchParams::default(), &rv(&old).to_string())
+        .await
+        .expect("watch")
+        .boxed();
+    match stream.next().await {
+        Some(Ok(WatchEvent::Error(status))) => assert_eq!(status.code, 410),
+        other => panic!("expected 410 Gone, got {other:?}"),
+    }
+
+    // kube's watcher re-lists after a dropped stream (and after 410) and goes on.
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let sink = std::sync::Arc::clone(&seen);
+    let task = tokio::spawn(
+        watcher(leases.clone(), watcher::Config::default())
+            .applied_objects()
+            .try_for_each(move |l| {
+                sink.lock().expect("seen").push(l.name_any());
+                futures::future::ready(Ok(()))
+            }),
+    );
+    assert!(
+        eventually(WAIT, || async {
+            seen.lock().expect("seen").contains(&"c-2".to_string())
+        })
+        .await
+    );
+    server.drop_watches();
+    server.store().compact();
+    leases
+        .create(&PostParams::default(), &lease("c-3", json!({})))
+        .await
+        .expect("create");
+    assert!(
+        eventually(WAIT, || async {
+            seen.lock().expect("seen").contains(&"c-3".to_string())
+        })
+        .await,
+        "watcher did not recover"
+    );
+    task.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conflicts_preconditions_and_generate_name() {
+    let all = backends().await;
+    for b in &all {
+        let leases: Api<Lease> = b.api();
+        let created = leases
+            .create(&PostParams::default(), &lease("k-1", json!({})))
+            .await
+            .expect("create");
+        let again = leases
+            .create(&PostParams::default(), &lease("k-1", json!({})))
+            .await
+            .expect_err("exists");
+        assert_eq!(status_code(&again), Some(409), "{}", b.name);
+
+        let mut fresh = leases.get("k-1").await.expect("get");
+        fresh.spec.as_mut().expect("spec").holder_identity = Some("new".into());
+        leases
+            .replace("k-1", &PostParams::default(), &fresh)
+            .await
+            .expect("replace with current rv");
+        let mut stale = created.clone();
+        stale.spec.as_mut().expect("spec").holder_identity = Some("stale".into());
+        let conflict = leases
+            .replace("k-1", &PostParams::default(), &stale)
+            .await
+            .expect_err("stale rv");
+        assert_eq!(status_code(&conflict), Some(409), "{}", b.name);
+
+        let wrong_uid = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: Some("not-the-uid".into()),
+                resource_version: None,
+            }),
+            ..Default::default()
+        };
+        let refused = leases
+            .delete("k-1", &wrong_uid)
+            .await
+            .expect_err("uid precondition");
+        assert_eq!(status_code(&refused), Some(409), "{}", b.name);
+        let right_uid = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: created.uid(),
+                resource_version: None,
+            }),
+            ..Default::default()
+        };
+        leases
+            .delete("k-1", &right_uid)
+            .await
+            .expect("delete with the right uid");
+
+        let generated: Lease =
+            serde_json::from_value(json!({"metadata": {"generateName": "gen-"}})).expect("lease");
+        let made = leases
+            .create(&PostParams::default(), &generated)
+            .await
+            .expect("generateName");
+        assert!(
+            made.name_any().starts_with("gen-") && made.name_any().len() > 4,
+            "{}",
+            b.name
+        );
+    }
+    cleanup(all).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn merge_json_and_apply_patches() {
+    let all = backends().await;
+    for b in &all {
+        let leases: Api<Lease> = b.api();
+        leases
+            .create(&PostParams::default(), &lease("p-1", json!({"a": "1"})))
+            .await
+            .expect("create");
+        let merged = leases
+            .patch(
+                "p-1",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"labels": {"b": "2", "a": null}}})),
+            )
+            .await
+            .expect("merge");
+        assert_eq!(
+            merged.labels().get("b").map(String::as_str),
+            Some("2"),
+            "{}",
+            b.name
+        );
+        assert!(!merged.labels().contains_key("a"), "{}", b.name);
+        let patch: json_patch::Patch = serde_json::from_value(json!([
+            {"op": "test", "path": "/metadata/labels/b", "value": "2"},
+            {"op": "add", "path": "/metadata/labels/c", "value": "3"}]))
+        .expect("json patch");
+        let patched = leases
+            .patch("p-1", &PatchParams::default(), &Patch::<()>::Json(patch))
+            .await
+            .expect("json patch");
+        assert_eq!(
+            patched.labels().get("c").map(String::as_str),
+            Some("3"),
+            "{}",
+            b.name
+        );
+        let failing: json_patch::Patch = serde_json::from_value(
+            json!([{"op": "test", "path": "/metadata/labels/b", "value": "nope"}]),
+        )
+        .expect("p");
+        assert!(
+            leases
+                .patch("p-1", &PatchParams::default(), &Patch::<()>::Json(failing))
+                .await
+                .is_err(),
+            "{}",
+            b.name
+        );
+
+        let applied = json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"name": "p-2", "labels": {"applied": "yes"}}, "spec": {"holderIdentity": "applier"}});
+        let params = PatchParams::apply("contract-test").force();
+        let created = leases
+            .patch("p-2", &params, &Patch::Apply(&applied))
+            .await
+            .expect("apply creates");
+        assert_eq!(
+            created.spec.and_then(|s| s.holder_identity).as_deref(),
+            Some("applier"),
+            "{}",
+            b.name
+        );
+        let again = json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"name": "p-2"}, "spec": {"holderIdentity": "applier", "leaseDurationSeconds": 7}});
+        let updated = leases
+            .patch("p-2", &params, &Patch::Apply(&again))
+            .await
+            .expect("apply updates");
+        assert_eq!(
+            updated.spec.and_then(|s| s.lease_duration_seconds),
+            Some(7),
+            "{}",
+            b.name
+        );
+    }
+    cleanup(all).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_subresource_and_generation() {
+    let all = backends().await;
+    for b in &all {
+        ensure_crd(b).await;
+        let jobs: Api<LockedJob> = b.api();
+        let mut with_status = locked_job("s-1");
+        with_status.status =
+            Some(serde_json::from_value(json!({"observedGeneration": 99})).expect("status"));
+        let created = jobs
+            .create(&PostParams::default(), &with_status)
+            .await
+            .expect("create");
+        assert!(
+            created.status.is_none(),
+            "{}: status is dropped on create",
+            b.name
+        );
+        assert_eq!(created.metadata.generation, Some(1), "{}", b.name);
+
+        let status_patch =
+            json!({"status": {"observedGeneration": 1}, "spec": {"schedule": "@daily"}});
+        let after_status = jobs
+            .patch_status("s-1", &PatchParams::default(), &Patch::Merge(&status_patch))
+            .await
+            .expect("status patch");
+        assert_eq!(
+            after_status
+                .status
+                .as_ref()
+                .and_then(|s| s.observed_generation),
+            Some(1),
+            "{}",
+            b.name
+        );
+        assert_eq!(
+            after_status.spec.schedule, "*/5 * * * *",
+            "{}: /status ignores spec",
+            b.name
+        );
+        assert_eq!(after_status.metadata.generation, Some(1), "{}", b.name);
+
+        let main_patch =
+            json!({"status": {"observedGeneration": 5}, "spec": {"schedule": "@hourly"}});
+        let after_main = jobs
+            .patch("s-1", &PatchParams::default(), &Patch::Merge(&main_patch))
+            .await
+            .expect("main patch");
+        assert_eq!(after_main.spec.schedule, "@hourly", "{}", b.name);
+        assert_eq!(
+            after_main
+                .status
+                .as_ref()
+                .and_then(|s| s.observed_generation),
+            Some(1),
+            "{}: main ignores status",
+            b.name
+        );
+        assert_eq!(
+            after_main.metadata.generation,
+            Some(2),
+            "{}: spec change bumps generation",
+            b.name
+        );
+
+        let labels_only = jobs
+            .patch(
+                "s-1",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"labels": {"x": "y"}}})),
+            )
+            .await
+            .expect("labels");
+        assert_eq!(
+            labels_only.metadata.generation,
+            Some(2),
+            "{}: metadata does not bump generation",
+            b.name
+        );
+    }
+    cleanup(all).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn schema_is_enforced_with_defaults_and_422s() {
+    let all = backends().await;
+    for b in &all {
+        ensure_crd(b).await;
+        let jobs: Api<LockedJob> = b.api();
+        let created = jobs
+            .create(&PostParams::default(), &locked_job("v-ok"))
+            .await
+            .expect("valid");
+        assert_eq!(created.spec.lock.ttl_seconds, 30, "{}", b.name);
+        let raw: Api<kube::api::DynamicObject> = Api::namespaced_with(
+            b.client.clone(),
+            &b.namespace,
+            &kube::api::ApiResource::erase::<LockedJob>(&()),
+        );
+        let stored = raw.get("v-ok").await.expect("get raw");
+        assert_eq!(
+            stored.data["spec"]["concurrencyPolicy"], "Forbid",
+            "{}: default applied",
+            b.name
+        );
+        assert_eq!(
+            stored.data["spec"]["successfulJobsHistoryLimit"], 3,
+            "{}",
+            b.name
+        );
+
+        let bad_bodies = [
+            ("enum", json!({"concurrencyPolicy": "Sometimes"})),
+            ("range", json!({"lock": {"ttlSeconds": 0}})),
+            (
+                "cel",
+                json!({"lock": {"ttlSeconds": 10, "renewIntervalSeconds": 10}}),
+            ),
+            ("type", json!({"suspend": "yes"})),
+            ("cel-tz", json!({"schedule": "TZ=UTC 0 * * * *"})),
+        ];
+        for (what, spec_patch) in bad_bodies {
+            let mut value = serde_json::to_value(locked_job(&format!("v-{what}"))).expect("value");
+            json_patch::merge(&mut value["spec"], &spec_patch);
+            let object: kube::api::DynamicObject = serde_json::from_value(value).expect("dynamic");
+            let err = raw
+                .create(&PostParams::default(), &object)
+                .await
+                .expect_err(what);
+            assert_eq!(status_code(&err), Some(422), "{}: {what}: {err}", b.name);
+        }
+        let mut missing = serde_json::to_value(locked_job("v-missing")).expect("value");
+        missing["spec"]
+            .as_object_mut()
+            .expect("spec")
+            .remove("schedule");
+        let object: kube::api::DynamicObject = serde_json::from_value(missing).expect("dynamic");
+        let err = raw
+            .create(&PostParams::default(), &object)
+            .await
+            .expect_err("required");
+        assert_eq!(status_code(&err), Some(422), "{}: {err}", b.name);
+    }
+    cleanup(all).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn label_and_field_selectors_on_list_and_watch() {
+    let all = backends().await;
+    for b in &all {
+        let leases: Api<Lease> = b.api();
+        for (name, tier) in [("sel-a", "web"), ("sel-b", "db"), ("sel-c", "web")] {
+            leases
+                .create(
+                    &PostParams::default(),
+                    &lease(name, json!({"tier": tier, "app": "sel"})),
+                )
+                .await
+                .expect("create");
+        }
+        let names = |list: kube::api::ObjectList<Lease>| {
+            let mut n: Vec<String> = list.items.iter().map(|l| l.name_any()).collect();
+            n.sort();
+            n
+        };
+        let web = leases
+            .list(&ListParams::default().labels("app=sel,tier=web"))
+            .await
+            .expect("list");
+        assert_eq!(names(web), ["sel-a", "sel-c"], "{}", b.name);
+        let not_web = leases
+            .list(&ListParams::default().labels("app=sel,tier notin (web)"))
+            .await
+            .expect("list");
+        assert_eq!(names(not_web), ["sel-b"], "{}", b.name);
+        let by_name = leases
+            .list(&ListParams::default().fields("metadata.name=sel-b"))
+            .await
+            .expect("list");
+        assert_eq!(names(by_name), ["sel-b"], "{}", b.name);
+
+        let stream = leases
+            .watch(&WatchParams::default().labels("tier=db").timeout(5), "0")
+            .await
+            .expect("watch");
+        let added: Vec<String> = stream
+            .try_filter_map(|e| async move {
+                Ok(match e {
+                    WatchEvent::Added(l) => Some(l.name_any()),
+                    _ => None,
+                })
+            })
+            .take(1)
+            .try_collect()
+            .await
+            .expect("watch");
+        assert_eq!(added, ["sel-b"], "{}", b.name);
+    }
+    cleanup(all).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn finalizers_hold_deletion_until_removed() {
+    let all = backends().await;
+    for b in &all {
+        ensure_crd(b).await;
+        let jobs: Api<LockedJob> = b.api();
+        let mut lj = locked_job("f-1");
+        lj.metadata.finalizers = Some(vec!["lockedjob.dev/test".into()]);
+        jobs.create(&PostParams::default(), &lj)
+            .await
+            .expect("create");
+        jobs.delete("f-1", &DeleteParams::default())
+            .await
+            .expect("delete");
+        let pending = jobs.get("f-1").await.expect("still there");
+        assert!(pending.metadata.deletion_timestamp.is_some(), "{}", b.name);
+        jobs.patch(
+            "f-1",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+        )
+        .await
+        .expect("drop finalizer");
+        assert!(
+            eventually(WAIT, || async {
+                jobs.get_opt("f-1").await.ok().flatten().is_none()
+            })
+            .await,
+            "{}",
+            b.name
+        );
+    }
+    cleanup(all).await;
+}
+
+async fn pods_of(pods: &Api<Pod>, job: &str) -> Vec<Pod> {
+    pods.list(&ListParams::default().labels(&format!("job-name={job}")))
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn owner_references_garbage_collection() {
+    let all = backends().await;
+    for b in &all {
+        ensure_crd(b).await;
+        let lockedjobs: Api<LockedJob> = b.api();
+        let jobs: Api<Job> = b.api();
+        let pods: Api<Pod> = b.api();
+        let owner = lockedjobs
+            .create(&PostParams::default(), &locked_job("gc-owner"))
+            .await
+            .expect("owner");
+        let mut owned = job("gc-owned", "sleep 60", json!({}));
+        owned.metadata.owner_references = Some(vec![serde_json::from_value(json!({
+            "apiVersion": "lockedjob.dev/v1alpha1", "kind": "LockedJob", "name": "gc-owner", "uid": owner.uid(), "controller": true}))
+            .expect("owner ref")]);
+        jobs.create(&PostParams::default(), &owned)
+            .await
+            .expect("owned job");
+        assert!(
+            eventually(WAIT, || async {
+                !pods_of(&pods, "gc-owned").await.is_empty()
+            })
+            .await,
+            "{}: pod created",
+            b.name
+        );
+
+        // Deleting the LockedJob deletes its Job, which deletes its pods.
+        lockedjobs
+            .delete("gc-owner", &DeleteParams::background())
+            .await
+            .expect("delete owner");
+        assert!(
+            eventually(WAIT, || async {
+                jobs.get_opt("gc-owned").await.ok().flatten().is_none()
+            })
+            .await,
+            "{}: job collected",
+            b.name
+        );
+        assert!(
+            eventually(WAIT, || async {
+                pods_of(&pods, "gc-owned").await.is_empty()
+            })
+            .await,
+            "{}: pods collected",
+            b.name
+        );
+
+        // Foreground: the Job waits, with a deletionTimestamp, until its pods are gone.
+        jobs.create(&PostParams::default(), &job("gc-fg", "sleep 60", json!({})))
+            .await
+            .expect("job");
+        assert!(eventually(WAIT, || async { !pods_of(&pods, "gc-fg").await.is_empty() }).await);
+        jobs.delete("gc-fg", &DeleteParams::foreground())
+            .await
+            .expect("foreground delete");
+        let waiting = jobs
+            .get_opt("gc-fg")
+            .await
+            .expect("get")
+            .expect("the Job waits for its pods");
+        assert!(waiting.metadata.deletion_timestamp.is_some(), "{}", b.name);
+        assert!(
+            waiting
+                .finalizers()
+                .iter()
+                .any(|f| f == "foregroundDeletion"),
+            "{}",
+            b.name
+        );
+        assert!(
+            eventually(WAIT, || async {
+                jobs.get_opt("gc-fg").await.ok().flatten().is_none()
+            })
+            .await,
+            "{}",
+            b.name
+        );
+        assert!(
+            pods_of(&pods, "gc-fg").await.is_empty(),
+            "{}: pods went first",
+            b.name
+        );
+
+        // Orphan (the API's default for batch/v1 Jobs): the pods stay, without the owner.
+        jobs.create(
+            &PostParams::default(),
+            &job("gc-orphan", "sleep 60", json!({})),
+        )
+        .await
+        .expect("job");
+        assert!(
+            eventually(WAIT, || async {
+                !pods_of(&pods, "gc-orphan").await.is_empty()
+            })
+            .await
+        );
+        jobs.delete("gc-orphan", &DeleteParams::orphan())
+            .await
+            .expect("orphan delete");
+        assert!(
+            eventually(WAIT, || async {
+                jobs.get_opt("gc-orphan").await.ok().flatten().is_none()
+            })
+            .await
+        );
+        let orphans = pods_of(&pods, "gc-orphan").await;
+        assert_eq!(orphans.len(), 1, "{}", b.name);
+        assert!(orphans[0].owner_references().is_empty(), "{}", b.name);
+        pods.delete(
+            &orphans[0].name_any(),
+            &DeleteParams::default().grace_period(0),
+        )
+        .await
+        .expect("clean up");
+    }
+    cleanup(all).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_kubelet_runs_jobs_and_reports_like_the_job_controller() {
+    let server = ApiServer::start(); // the local kubelet is the stand-in's own
+    let client = server.client().await;
+    let jobs: Api<Job> = Api::namespaced(client.clone(), "default");
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let completed = |name: &'static str, kind: &'static str| {
+        let jobs = jobs.clone();
+        async move {
+            eventually(WAIT, || async {
+                jobs.get(name)
+                    .await
+                    .ok()
+                    .and_then(|j| j.status)
+                    .and_then(|s| s.conditions)
+                    .is_some_and(|cs| cs.iter().any(|c| c.type_ == kind && c.status == "True"))
+            })
+            .await
+        }
+    };
+
+    jobs.create(
+        &PostParams::default(),
+        &job("k-ok", "echo $GREETING; echo oops >&2", json!({})),
+    )
+    .await
+    .expect("job");
+    assert!(completed("k-ok", "Complete").await);
+    let status = jobs.get("k-ok").await.expect("job").status.expect("status");
+    assert_eq!(status.succeeded, Some(1));
+    assert!(status.start_time.is_some() && status.completion_time.is_some());
+    let pod = pods_of(&pods, "k-ok").await.pop().expect("pod");
+    assert_eq!(
+        pod.status.clone().and_then(|s| s.phase).as_deref(),
+        Some("Succeeded")
+    );
+    assert_eq!(
+        server.pod_logs("default", &pod.name_any()),
+        ("hello\n".to_string(), "oops\n".to_string())
+    );
+
+    jobs.create(
+        &PostParams::default(),
+        &job("k-fail", "exit 3", json!({"spec": {"backoffLimit": 1}})),
+    )
+    .await
+    .expect("job");
+    assert!(completed("k-fail", "Failed").await);
+    let status = jobs
+        .get("k-fail")
+        .await
+        .expect("job")
+        .status
+        .expect("status");
+    assert_eq!(status.failed, Some(2), "backoffLimit 1 allows one retry");
+    let reason = status
+        .conditions
+        .unwrap_or_default()
+        .into_iter()
+        .find(|c| c.type_ == "Failed")
+        .and_then(|c| c.reason);
+    assert_eq!(reason.as_deref(), Some("BackoffLimitExceeded"));
+
+    jobs.create(
+        &PostParams::default(),
+        &job(
+            "k-slow",
+            "sleep 60",
+            json!({"spec": {"activeDeadlineSeconds": 1}}),
+        ),
+    )
+    .await
+    .expect("job");
+    assert!(completed("k-slow", "Failed").await);
+    assert!(
+        eventually(WAIT, || async { pods_of(&pods, "k-slow").await.is_empty() }).await,
+        "overdue pod stopped"
+    );
+
+    // Deleting a pod: SIGTERM first (the trap runs), SIGKILL after the grace period.
+    let marker = server.dir().join("term-marker");
+    let script = format!(
+        "trap 'echo term > {}; exit 0' TERM; while true; do sleep 0.05; done",
+        marker.display()
+    );
+    jobs.create(&PostParams::default(), &job("k-term", &script, json!({})))
+        .await
+        .expect("job");
+    assert!(
+        eventually(WAIT, || async {
+            pods_of(&pods, "k-term")
+                .await
+                .first()
+                .and_then(|p| p.status.clone())
+                .and_then(|s| s.phase)
+                .as_deref()
+                == Some("Running")
+        })
+        .await
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let pod = pods_of(&pods, "k-term").await.pop().expect("pod");
+    pods.delete(&pod.name_any(), &DeleteParams::default())
+        .await
+        .expect("delete pod");
+    assert!(
+        eventually(WAIT, || async {
+            pods.get_opt(&pod.name_any()).await.ok().flatten().is_none()
+        })
+        .await
+    );
+    assert_eq!(
+        std::fs::read_to_string(&marker).unwrap_or_default().trim(),
+        "term"
+    );
+
+    let stubborn = "trap '' TERM; while true; do sleep 0.05; done";
+    jobs.create(&PostParams::default(), &job("k-kill", stubborn, json!({})))
+        .await
+        .expect("job");
+    assert!(
+        eventually(WAIT, || async {
+            pods_of(&pods, "k-kill")
+                .await
+                .first()
+                .and_then(|p| p.status.clone())
+                .and_then(|s| s.phase)
+                .as_deref()
+                == Some("Running")
+        })
+        .await
+    );
+    let pod = pods_of(&pods, "k-kill").await.pop().expect("pod");
+    pods.delete(&pod.name_any(), &DeleteParams::default())
+        .await
+        .expect("delete pod");
+    assert!(
+        eventually(WAIT, || async {
+            pods.get_opt(&pod.name_any()).await.ok().flatten().is_none()
+        })
+        .await,
+        "SIGKILL after grace"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn faults_refuse_delay_and_cut_off_one_client() {
+    let server = ApiServer::start(); // faults are the stand-in's switches
+                                     // Without kube's retries, so that each 503 is seen rather than retried with backoff.
+    let admin = standin::client_with_retries(&server.kubeconfig(), false).await;
+    let replica = standin::client_with_retries(&server.write_kubeconfig("replica-1"), false).await;
+    let leases_admin: Api<Lease> = Api::namespaced(admin, "default");
+    let leases_replica: Api<Lease> = Api::namespaced(replica, "default");
+
+    server.set_faults(|f| f.refuse_all = true);
+    let refused = leases_admin
+        .list(&ListParams::default())
+        .await
+        .expect_err("refused");
+    assert_eq!(status_code(&refused), Some(503));
+    server.set_faults(|f| f.refuse_all = false);
+
+    server.set_faults(|f| {
+        f.cut_tokens.insert("replica-1".into());
+    });
+    assert_eq!(
+        status_code(
+            &leases_replica
+                .list(&ListParams::default())
+                .await
+                .expect_err("cut off")
+        ),
+        Some(503)
+    );
+    leases_admin
+        .list(&ListParams::default())
+        .await
+        .expect("others still served");
+    server.set_faults(|f| f.cut_tokens.clear());
+    leases_replica
+        .list(&ListParams::default())
+        .await
+        .expect("back");
+
+    server.set_faults(|f| f.latency = Duration::from_millis(300));
+    let started = Instant::now();
+    leases_admin
+        .list(&ListParams::default())
+        .await
+        .expect("slow but served");
+    assert!(started.elapsed() >= Duration::from_millis(300));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_served_type_can_be_created_and_listed() {
+    let server = ApiServer::start();
+    let client = server.client().await;
+    use k8s_openapi::api::core::v1::Event as CoreEvent;
+    use k8s_openapi::api::events::v1::Event;
+    let core_events: Api<CoreEvent> = Api::namespaced(client.clone(), "default");
+    core_events.create(&PostParams::default(), &serde_json::from_value(json!({
+        "metadata": {"name": "e1"}, "involvedObject": {"kind": "Pod", "name": "x"}, "reason": "Test", "message": "m"})).expect("event"))
+        .await.expect("core event");
+    let events: Api<Event> = Api::namespaced(client.clone(), "default");
+    events.create(&PostParams::default(), &serde_json::from_value(json!({
+        "metadata": {"name": "e2"}, "eventTime": "2026-01-01T00:00:00.000000Z", "reason": "Test", "action": "Testing",
+        "reportingController": "test", "reportingInstance": "test-1", "type": "Normal"})).expect("event"))
+        .await.expect("events.k8s.io event");
+    assert_eq!(
+        core_events
+            .list(&ListParams::default())
+            .await
+            .expect("list")
+            .items
+            .len(),
+        1
+    );
+    assert_eq!(
+        events
+            .list(&ListParams::default())
+            .await
+            .expect("list")
+            .items
+            .len(),
+        1
+    );
+    let discovery = kube::Discovery::new(client).run().await.expect("discovery");
+    let groups: Vec<String> = discovery.groups().map(|g| g.name().to_string()).collect();
+    for group in [
+        "",
+        "batch",
+        "lockedjob.dev",
+        "coordination.k8s.io",
+        "events.k8s.io",
+    ] {
+        assert!(
+            groups.iter().any(|g| g == group),
+            "{group} missing from discovery: {groups:?}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn holds_5000_objects_and_50_watches() {
+    let started = Instant::now();
+    let server = ApiServer::start();
+    let startup = started.elapsed();
+    let client = server.client().await;
+    let leases: Api<Lease> = Api::namespaced(client.clone(), "default");
+    let mut watches = Vec::new();
+    for _ in 0..50 {
+        let stream = leases
+            .watch(
+                &WatchParams::default()
+                    .fields("metadata.name=last")
+                    .timeout(60),
+                "0",
+            )
+            .await
+            .expect("watch");
+        watches.push(tokio::spawn(async move {
+            let mut stream = stream.boxed();
+            while let Some(event) = stream.next().await {
+                if let Ok(WatchEvent::Added(l)) = event {
+                    return l.name_any();
+                }
+            }
+            String::new()
+        }));
+    }
+    let created = Instant::now();
+    let creates = futures::stream::iter(0..4999).map(|i| {
+        let leases = leases.clone();
+        async move {
+            leases
+                .create(
+                    &PostParams::default(),
+                    &lease(&format!("bulk-{i}"), json!({"n": i.to_string()})),
+                )
+                .await
+        }
+    });
+    let results: Vec<_> = creates.buffer_unordered(16).collect().await;
+    assert!(results.iter().all(Result::is_ok));
+    leases
+        .create(&PostParams::default(), &lease("last", json!({})))
+        .await
+        .expect("last");
+    let create_time = created.elapsed();
+    for watch in watches {
+        assert_eq!(
+            tokio::time::timeout(WAIT, watch)
+                .await
+                .expect("watch saw it")
+                .expect("task"),
+            "last"
+        );
+    }
+    assert_eq!(
+        leases
+            .list(&ListParams::default())
+            .await
+            .expect("list")
+            .items
+            .len(),
+        5000
+    );
+    println!(
+        "stand-in: started in {startup:?}; 5000 creates with 50 watches open in {create_time:?}"
+    );
 }

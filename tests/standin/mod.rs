@@ -192,13 +192,20 @@ impl Drop for ApiServer {
 
 /// A kube client from a kubeconfig file (stand-in or real cluster).
 pub async fn client_for(path: &Path) -> kube::Client {
+    client_with_retries(path, true).await
+}
+
+/// Like [`client_for`]; without retries a 503 surfaces at once instead of after kube's
+/// backoff (15 tries), which is what fault tests want to observe.
+pub async fn client_with_retries(path: &Path, retries: bool) -> kube::Client {
     let kubeconfig = kube::config::Kubeconfig::read_from(path).expect("read kubeconfig");
-    let config = kube::Config::from_custom_kubeconfig(
+    let mut config = kube::Config::from_custom_kubeconfig(
         kubeconfig,
         &kube::config::KubeConfigOptions::default(),
     )
     .await
     .expect("kubeconfig is usable");
+    config.default_retry = retries;
     kube::Client::try_from(config).expect("kube client")
 }
 
