@@ -10,6 +10,8 @@
 //! - namespaces are not required to exist; there is no authentication or authorization
 //!   (tokens only identify clients for fault injection);
 //! - `limit`/`continue` are ignored: lists return everything at once;
+//! - no OpenAPI documents: `kubectl apply` needs `--validate=false` (the server still enforces
+//!   the CRD schema);
 //! - only the LockedJob CRD's schema is enforced (with CEL); built-in types are not validated.
 #![allow(dead_code, unused_imports)]
 
