@@ -5,6 +5,7 @@
 //! [`exec`] (run a command under a lock).
 
 pub mod api;
+pub mod controller;
 pub mod exec;
 pub mod metrics;
 pub mod options;

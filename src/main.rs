@@ -31,6 +31,10 @@ enum Command {
     /// within --wait; 76 lease lost, command stopped; 64 bad usage or configuration;
     /// 127 command could not be started.
     Exec(Box<ExecArgs>),
+    /// Run the Kubernetes operator: reconcile LockedJobs, run each due Job once under the lock.
+    ///
+    /// Exit codes: 0 after a graceful shutdown (SIGTERM/SIGINT); 64 bad configuration.
+    Operator(Box<lockedjob::controller::OperatorArgs>),
     /// Print the LockedJob CustomResourceDefinition (YAML), as committed in crds/.
     Crd,
 }
@@ -60,6 +64,7 @@ fn main() {
     let code = runtime.block_on(async move {
         match cli.command {
             Command::Exec(args) => exec::run(*args).await,
+            Command::Operator(args) => lockedjob::controller::run(*args).await,
             Command::Crd => 0,
         }
     });

@@ -6,7 +6,11 @@ mod standin;
 use std::process::Command;
 
 fn kubectl_available() -> bool {
-    Command::new("kubectl").arg("version").arg("--client").output().is_ok_and(|o| o.status.success())
+    Command::new("kubectl")
+        .arg("version")
+        .arg("--client")
+        .output()
+        .is_ok_and(|o| o.status.success())
 }
 
 fn kubectl(kubeconfig: &std::path::Path, args: &[&str]) -> (bool, String) {
@@ -21,7 +25,11 @@ fn kubectl(kubeconfig: &std::path::Path, args: &[&str]) -> (bool, String) {
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .output()
         .expect("run kubectl");
-    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
     (out.status.success(), text)
 }
 
@@ -46,14 +54,35 @@ fn kubectl_applies_the_crd_and_examples_and_gets_them() {
     }
     let (ok, text) = kubectl(&kubeconfig, &["get", "lj", "-A"]);
     assert!(ok, "{text}");
-    for expected in ["nightly-report", "billing-sweep", "cache-rebuild", "SCHEDULE", "*/5 * * * *"] {
+    for expected in [
+        "nightly-report",
+        "billing-sweep",
+        "cache-rebuild",
+        "SCHEDULE",
+        "*/5 * * * *",
+    ] {
         assert!(text.contains(expected), "missing {expected:?} in:\n{text}");
     }
     let (ok, text) = kubectl(&kubeconfig, &["get", "jobs", "-A"]);
     assert!(ok, "{text}");
-    let (ok, text) = kubectl(&kubeconfig, &["get", "lockedjob", "nightly-report", "-o", "jsonpath={.spec.concurrencyPolicy}"]);
+    let (ok, text) = kubectl(
+        &kubeconfig,
+        &[
+            "get",
+            "lockedjob",
+            "nightly-report",
+            "-o",
+            "jsonpath={.spec.concurrencyPolicy}",
+        ],
+    );
     assert!(ok, "{text}");
     assert_eq!(text, "Forbid", "defaults applied by the schema");
-    let (ok, text) = kubectl(&kubeconfig, &["apply", "-f", "examples/invalid/restart-always.yaml"]);
-    assert!(ok, "schema-valid manifest is accepted by the API (the operator reports InvalidSpec): {text}");
+    let (ok, text) = kubectl(
+        &kubeconfig,
+        &["apply", "-f", "examples/invalid/restart-always.yaml"],
+    );
+    assert!(
+        ok,
+        "schema-valid manifest is accepted by the API (the operator reports InvalidSpec): {text}"
+    );
 }

@@ -344,6 +344,65 @@ impl Redlock {
         Ok(deadline)
     }
 
+    pub fn progress_key(&self, name: &str) -> String {
+        format!("{}:progress:{name}", self.inner.config.key_prefix)
+    }
+
+    /// The lock's progress register, read from a quorum while holding `lease`: the largest
+    /// value any holder recorded with [`record_progress`](Self::record_progress). A holder
+    /// writes it (e.g. the scheduled time it is running) before acting, so a later holder,
+    /// whose quorum intersects the writer's, sees it and does not act twice.
+    pub async fn progress(&self, lease: &Lease) -> Result<u64, LockError> {
+        let key = self.progress_key(&lease.name);
+        let mut invocation = scripts::GET.prepare_invoke();
+        invocation.key(&key);
+        let round = self
+            .round::<Option<String>>(Request::Script(&invocation), Some(lease.remaining()))
+            .await;
+        self.check_held(lease, round.replies.len(), round.failures)?;
+        Ok(round
+            .replies
+            .iter()
+            .filter_map(|(_, v)| v.as_deref().and_then(|v| v.parse::<u64>().ok()))
+            .max()
+            .unwrap_or(0))
+    }
+
+    /// Raises the lock's progress register to `value` on every node (a max-register, like the
+    /// fence); succeeds once a quorum acknowledged it within the lease.
+    pub async fn record_progress(&self, lease: &Lease, value: u64) -> Result<(), LockError> {
+        let key = self.progress_key(&lease.name);
+        let mut invocation = scripts::FENCE.prepare_invoke();
+        invocation.key(&key).arg(value);
+        let round = self
+            .round::<i64>(Request::Script(&invocation), Some(lease.remaining()))
+            .await;
+        self.check_held(lease, round.replies.len(), round.failures)
+    }
+
+    fn check_held(
+        &self,
+        lease: &Lease,
+        answered: usize,
+        failures: Vec<NodeFailure>,
+    ) -> Result<(), LockError> {
+        if lease.is_expired() {
+            return Err(LockError::Expired {
+                lock: lease.name.clone(),
+            });
+        }
+        if answered < self.inner.quorum {
+            return Err(LockError::NoQuorum {
+                lock: lease.name.clone(),
+                granted: answered,
+                quorum: self.inner.quorum,
+                nodes: self.inner.nodes.len(),
+                failures,
+            });
+        }
+        Ok(())
+    }
+
     /// Compare-and-delete on every node; errors are ignored (the keys expire anyway).
     /// Returns how many nodes deleted the key.
     pub async fn release(&self, lease: &Lease) -> usize {

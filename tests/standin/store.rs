@@ -120,6 +120,9 @@ impl WatchFilter {
     }
 }
 
+/// Events to replay, then a receiver for what follows.
+pub type WatchStart = (Vec<Arc<Event>>, broadcast::Receiver<Arc<Event>>);
+
 const LOG_CAPACITY: usize = 200_000;
 
 struct Inner {
@@ -250,11 +253,7 @@ impl Store {
     /// For a watch: the events to replay after `from` (or synthetic ADDED events for the
     /// current state when `from` is None), plus a receiver for what follows. Taken under the
     /// store lock, so nothing falls between replay and live events.
-    pub fn watch(
-        &self,
-        filter: &WatchFilter,
-        from: Option<u64>,
-    ) -> Result<(Vec<Arc<Event>>, broadcast::Receiver<Arc<Event>>), ApiError> {
+    pub fn watch(&self, filter: &WatchFilter, from: Option<u64>) -> Result<WatchStart, ApiError> {
         let inner = self.lock();
         let receiver = self.events.subscribe();
         let replay = match from {
@@ -604,10 +603,10 @@ impl Store {
             Propagation::Foreground if !fins.iter().any(|f| f == FOREGROUND) => {
                 fins.push(FOREGROUND.into())
             }
-            Propagation::Orphan if !fins.iter().any(|f| f == ORPHAN) => {
-                if self.has_dependents(&inner, &object) {
-                    fins.push(ORPHAN.into());
-                }
+            Propagation::Orphan
+                if !fins.iter().any(|f| f == ORPHAN) && self.has_dependents(&inner, &object) =>
+            {
+                fins.push(ORPHAN.into());
             }
             _ => {}
         }

@@ -1,0 +1,50 @@
+//! `/healthz`, `/readyz` and `/metrics` over a minimal HTTP/1.1 responder.
+
+use super::Context;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+pub async fn serve(
+    addr: SocketAddr,
+    ctx: Arc<Context>,
+) -> std::io::Result<tokio::task::JoinHandle<()>> {
+    let listener = TcpListener::bind(addr).await?;
+    Ok(tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let ctx = Arc::clone(&ctx);
+            tokio::spawn(async move {
+                let mut buf = [0u8; 2048];
+                let Ok(n) = stream.read(&mut buf).await else {
+                    return;
+                };
+                let request = String::from_utf8_lossy(&buf[..n]);
+                let path = request.split_whitespace().nth(1).unwrap_or("/");
+                let (code, body) = match path {
+                    "/healthz" => (200, "ok\n".to_string()),
+                    "/readyz" if ctx.is_ready() => (200, "ready\n".to_string()),
+                    "/readyz" => (503, format!(
+                        "not ready: watch synced={}, redis nodes answering={} of {} (quorum {}), shutting down={}\n",
+                        ctx.synced.load(std::sync::atomic::Ordering::Relaxed),
+                        ctx.reachable.load(std::sync::atomic::Ordering::Relaxed),
+                        ctx.nodes(), ctx.engine.quorum(), ctx.shutdown.is_cancelled())),
+                    "/metrics" => (200, crate::metrics::render()),
+                    _ => (404, "not found\n".to_string()),
+                };
+                let reason = match code {
+                    200 => "OK",
+                    503 => "Service Unavailable",
+                    _ => "Not Found",
+                };
+                let content_type = if path == "/metrics" {
+                    "application/openmetrics-text; version=1.0.0; charset=utf-8"
+                } else {
+                    "text/plain"
+                };
+                let response = format!("HTTP/1.1 {code} {reason}\r\ncontent-type: {content_type}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}", body.len());
+                let _ = stream.write_all(response.as_bytes()).await;
+            });
+        }
+    }))
+}

@@ -1,0 +1,241 @@
+//! Building the Job for a run, and reading runs back from Jobs. Pure functions.
+
+use crate::api::{
+    LockedJob, ANNOTATION_FENCING_TOKEN, ANNOTATION_HOLDER, ANNOTATION_LOCK_VALUE,
+    ANNOTATION_SCHEDULED_TIME, ENV_FENCING_TOKEN, ENV_HOLDER, ENV_LOCK_NAME, ENV_SCHEDULED_TIME,
+};
+use jiff::Timestamp;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::EnvVar;
+use kube::api::ObjectMeta;
+use kube::{Resource, ResourceExt};
+
+/// Label on every Job the operator creates: which LockedJob it belongs to.
+pub const LABEL_LOCKED_JOB: &str = "lockedjob.dev/locked-job";
+
+/// What a run's Job carries.
+#[derive(Debug, Clone)]
+pub struct RunIdentity<'a> {
+    pub job_name: &'a str,
+    pub scheduled: Timestamp,
+    pub lock_name: &'a str,
+    pub lock_value: &'a str,
+    pub holder: &'a str,
+    pub token: u64,
+}
+
+/// The Job for one run: the template, plus owner reference, label, the DESIGN.md annotations,
+/// and the run's environment appended to every container (after the template's own env, so a
+/// template cannot shadow the token).
+pub fn build_job(locked_job: &LockedJob, run: &RunIdentity<'_>) -> Job {
+    let template = &locked_job.spec.job_template;
+    let mut metadata = template.metadata.clone().unwrap_or_default();
+    let scheduled = run.scheduled.to_string();
+    let mut labels = metadata.labels.take().unwrap_or_default();
+    labels.insert(LABEL_LOCKED_JOB.into(), locked_job.name_any());
+    let mut annotations = metadata.annotations.take().unwrap_or_default();
+    annotations.insert(ANNOTATION_FENCING_TOKEN.into(), run.token.to_string());
+    annotations.insert(ANNOTATION_LOCK_VALUE.into(), run.lock_value.into());
+    annotations.insert(ANNOTATION_HOLDER.into(), run.holder.into());
+    annotations.insert(ANNOTATION_SCHEDULED_TIME.into(), scheduled.clone());
+    let mut spec = template.spec.clone().unwrap_or_default();
+    let env = [
+        (ENV_FENCING_TOKEN, run.token.to_string()),
+        (ENV_LOCK_NAME, run.lock_name.to_string()),
+        (ENV_SCHEDULED_TIME, scheduled),
+        (ENV_HOLDER, run.holder.to_string()),
+    ];
+    if let Some(pod) = spec.template.spec.as_mut() {
+        for container in pod
+            .containers
+            .iter_mut()
+            .chain(pod.init_containers.iter_mut().flatten())
+        {
+            let vars = container.env.get_or_insert_with(Vec::new);
+            vars.retain(|v| !env.iter().any(|(name, _)| *name == v.name));
+            vars.extend(env.iter().map(|(name, value)| EnvVar {
+                name: (*name).into(),
+                value: Some(value.clone()),
+                value_from: None,
+            }));
+        }
+    }
+    Job {
+        metadata: ObjectMeta {
+            name: Some(run.job_name.into()),
+            namespace: locked_job.namespace(),
+            labels: Some(labels),
+            annotations: Some(annotations),
+            owner_references: locked_job.controller_owner_ref(&()).map(|r| vec![r]),
+            ..Default::default()
+        },
+        spec: Some(spec),
+        status: None,
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JobState {
+    Active,
+    Succeeded,
+    Failed,
+}
+
+pub fn job_state(job: &Job) -> JobState {
+    let conditions = job.status.as_ref().and_then(|s| s.conditions.as_ref());
+    let has = |kind: &str| {
+        conditions.is_some_and(|cs| cs.iter().any(|c| c.type_ == kind && c.status == "True"))
+    };
+    if has("Complete") {
+        JobState::Succeeded
+    } else if has("Failed") {
+        JobState::Failed
+    } else {
+        JobState::Active
+    }
+}
+
+/// The scheduled time a Job was created for, from its annotation.
+pub fn scheduled_time(job: &Job) -> Option<Timestamp> {
+    job.annotations()
+        .get(ANNOTATION_SCHEDULED_TIME)?
+        .parse()
+        .ok()
+}
+
+/// Finished Jobs beyond the history limits, oldest first: the ones to delete.
+pub fn expired_history(jobs: &[Job], successful_limit: usize, failed_limit: usize) -> Vec<String> {
+    let mut doomed = Vec::new();
+    for (state, limit) in [
+        (JobState::Succeeded, successful_limit),
+        (JobState::Failed, failed_limit),
+    ] {
+        let mut finished: Vec<&Job> = jobs.iter().filter(|j| job_state(j) == state).collect();
+        finished.sort_by_key(|j| scheduled_time(j));
+        let excess = finished.len().saturating_sub(limit);
+        doomed.extend(finished.iter().take(excess).map(|j| j.name_any()));
+    }
+    doomed
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn locked_job() -> LockedJob {
+        serde_json::from_value(json!({
+            "apiVersion": "lockedjob.dev/v1alpha1", "kind": "LockedJob",
+            "metadata": {"name": "report", "namespace": "team", "uid": "u-1"},
+            "spec": {"schedule": "@daily", "jobTemplate": {
+                "metadata": {"labels": {"app": "report"}},
+                "spec": {"template": {"spec": {"restartPolicy": "Never", "containers": [
+                    {"name": "main", "image": "x", "env": [{"name": "KEEP", "value": "me"},
+                                                             {"name": "LOCKEDJOB_FENCING_TOKEN", "value": "spoofed"}]}]}}}}}
+        }))
+        .expect("locked job")
+    }
+
+    fn job_with(conditions: serde_json::Value, scheduled: &str) -> Job {
+        serde_json::from_value(json!({
+            "metadata": {"name": format!("j-{scheduled}"), "annotations": {ANNOTATION_SCHEDULED_TIME: scheduled}},
+            "status": {"conditions": conditions}
+        }))
+        .expect("job")
+    }
+
+    #[test]
+    fn job_carries_owner_labels_annotations_and_env() {
+        let scheduled: Timestamp = "2026-01-01T00:00:00Z".parse().unwrap();
+        let run = RunIdentity {
+            job_name: "report-29457600",
+            scheduled,
+            lock_name: "team/report",
+            lock_value: "c/p/abc",
+            holder: "c/p",
+            token: 42,
+        };
+        let job = build_job(&locked_job(), &run);
+        assert_eq!(job.name_any(), "report-29457600");
+        assert_eq!(job.namespace().as_deref(), Some("team"));
+        assert_eq!(
+            job.labels().get(LABEL_LOCKED_JOB).map(String::as_str),
+            Some("report")
+        );
+        assert_eq!(job.labels().get("app").map(String::as_str), Some("report"));
+        assert_eq!(
+            job.annotations()
+                .get(ANNOTATION_FENCING_TOKEN)
+                .map(String::as_str),
+            Some("42")
+        );
+        assert_eq!(
+            job.annotations()
+                .get(ANNOTATION_SCHEDULED_TIME)
+                .map(String::as_str),
+            Some("2026-01-01T00:00:00Z")
+        );
+        let owner = &job.owner_references()[0];
+        assert_eq!(
+            (owner.kind.as_str(), owner.uid.as_str(), owner.controller),
+            ("LockedJob", "u-1", Some(true))
+        );
+        let env = job.spec.unwrap().template.spec.unwrap().containers[0]
+            .env
+            .clone()
+            .unwrap();
+        let get = |n: &str| {
+            env.iter()
+                .filter(|v| v.name == n)
+                .map(|v| v.value.clone().unwrap())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(get("KEEP"), ["me"]);
+        assert_eq!(
+            get(ENV_FENCING_TOKEN),
+            ["42"],
+            "the template cannot shadow the token"
+        );
+        assert_eq!(get(ENV_LOCK_NAME), ["team/report"]);
+        assert_eq!(get(ENV_SCHEDULED_TIME), ["2026-01-01T00:00:00Z"]);
+        assert_eq!(get(ENV_HOLDER), ["c/p"]);
+    }
+
+    #[test]
+    fn job_states_and_history_limits() {
+        let complete = json!([{"type": "Complete", "status": "True"}]);
+        let failed = json!([{"type": "Failed", "status": "True"}]);
+        let jobs = vec![
+            job_with(complete.clone(), "2026-01-01T00:01:00Z"),
+            job_with(complete.clone(), "2026-01-01T00:00:00Z"),
+            job_with(complete, "2026-01-01T00:02:00Z"),
+            job_with(failed.clone(), "2026-01-01T00:03:00Z"),
+            job_with(failed, "2026-01-01T00:04:00Z"),
+            job_with(json!([]), "2026-01-01T00:05:00Z"),
+        ];
+        assert_eq!(job_state(&jobs[5]), JobState::Active);
+        assert_eq!(job_state(&jobs[3]), JobState::Failed);
+        // (successful limit, failed limit, expected deletions)
+        let table: [(usize, usize, &[&str]); 3] = [
+            (3, 1, &["j-2026-01-01T00:03:00Z"]),
+            (
+                1,
+                0,
+                &[
+                    "j-2026-01-01T00:00:00Z",
+                    "j-2026-01-01T00:01:00Z",
+                    "j-2026-01-01T00:03:00Z",
+                    "j-2026-01-01T00:04:00Z",
+                ],
+            ),
+            (10, 10, &[]),
+        ];
+        for (ok, bad, expected) in table {
+            assert_eq!(
+                expired_history(&jobs, ok, bad),
+                expected,
+                "limits {ok}/{bad}"
+            );
+        }
+    }
+}

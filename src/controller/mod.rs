@@ -1,0 +1,218 @@
+//! `lockedjob operator`: every replica reconciles every LockedJob; at each due time the replicas
+//! race for the lock and only the winner creates and supervises the Job (DESIGN.md, "A run's
+//! life in the operator").
+
+mod health;
+pub mod jobs;
+mod reconcile;
+mod run;
+pub mod status;
+
+use crate::api::LockedJob;
+use crate::options::RedisOptions;
+use crate::redlock::Redlock;
+use futures::StreamExt;
+use k8s_openapi::api::batch::v1::Job;
+use kube::runtime::controller::Controller;
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::watcher;
+use kube::{Api, Client};
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+/// Finalizer on every LockedJob: on delete, its Jobs are stopped and its lock released first.
+pub const FINALIZER: &str = "lockedjob.dev/cleanup";
+/// Field manager and event reporter name.
+pub const MANAGER: &str = "lockedjob-operator";
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct OperatorArgs {
+    #[command(flatten)]
+    pub redis: RedisOptions,
+    /// Namespaces to watch, comma-separated; empty: all namespaces.
+    #[arg(long, env = "LOCKEDJOB_NAMESPACES", value_delimiter = ',')]
+    pub namespaces: Vec<String>,
+    /// Address of /healthz, /readyz and /metrics.
+    #[arg(long, env = "LOCKEDJOB_METRICS_ADDR", default_value = "0.0.0.0:8080")]
+    pub metrics_addr: SocketAddr,
+}
+
+/// Exit code for bad configuration (as `exec`).
+pub const EXIT_CONFIG: i32 = 64;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("Kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    #[error("LockedJob has no namespace")]
+    NoNamespace,
+}
+
+/// Shared by every reconcile and run task of one replica.
+pub struct Context {
+    pub client: Client,
+    pub engine: Redlock,
+    pub cluster_id: String,
+    /// `{clusterId}/{podName}`.
+    pub holder: String,
+    pub recorder: Recorder,
+    /// Job names this replica supervises now (its own runs and adoptions).
+    pub supervised: Mutex<HashSet<(String, String)>>,
+    /// Runs being started, by (namespace, LockedJob, scheduled time), so a run starts once.
+    pub starting: Mutex<HashSet<(String, String, i64)>>,
+    /// Redis nodes that answered the last probe.
+    pub reachable: AtomicUsize,
+    /// Cancelled on SIGTERM: no new runs; running ones are handed over.
+    pub shutdown: CancellationToken,
+    pub synced: AtomicBool,
+}
+
+impl Context {
+    pub fn nodes(&self) -> usize {
+        self.engine.node_labels().len()
+    }
+
+    pub fn is_ready(&self) -> bool {
+        self.synced.load(Ordering::Relaxed)
+            && self.reachable.load(Ordering::Relaxed) >= self.engine.quorum()
+            && !self.shutdown.is_cancelled()
+    }
+}
+
+/// Runs the operator until SIGTERM/SIGINT; returns the process exit code.
+pub async fn run(args: OperatorArgs) -> i32 {
+    let config = args.redis.engine_config();
+    let engine = match Redlock::new(config) {
+        Ok(engine) => engine,
+        Err(e) => {
+            eprintln!("lockedjob operator: {e}");
+            return EXIT_CONFIG;
+        }
+    };
+    let client = match Client::try_default().await {
+        Ok(client) => client,
+        Err(e) => {
+            eprintln!("lockedjob operator: cannot build a Kubernetes client (in-cluster config or KUBECONFIG): {e}");
+            return EXIT_CONFIG;
+        }
+    };
+    let holder = args.redis.holder();
+    let recorder = Recorder::new(
+        client.clone(),
+        Reporter {
+            controller: MANAGER.into(),
+            instance: Some(holder.clone()),
+        },
+    );
+    let ctx = Arc::new(Context {
+        client: client.clone(),
+        engine,
+        cluster_id: args.redis.cluster_id.clone(),
+        holder,
+        recorder,
+        supervised: Mutex::new(HashSet::new()),
+        starting: Mutex::new(HashSet::new()),
+        reachable: AtomicUsize::new(0),
+        shutdown: CancellationToken::new(),
+        synced: AtomicBool::new(false),
+    });
+    tracing::info!(holder = %ctx.holder, nodes = ?ctx.engine.node_labels(), namespaces = ?args.namespaces, "lockedjob operator starting");
+
+    let health = match health::serve(args.metrics_addr, Arc::clone(&ctx)).await {
+        Ok(task) => task,
+        Err(e) => {
+            eprintln!(
+                "lockedjob operator: cannot listen on {}: {e}",
+                args.metrics_addr
+            );
+            return EXIT_CONFIG;
+        }
+    };
+    let probe = tokio::spawn(probe_redis(Arc::clone(&ctx)));
+    let signals = tokio::spawn(wait_for_shutdown(Arc::clone(&ctx)));
+
+    let namespaces: Vec<Option<String>> = if args.namespaces.iter().all(|n| n.trim().is_empty()) {
+        vec![None]
+    } else {
+        args.namespaces
+            .iter()
+            .filter(|n| !n.trim().is_empty())
+            .map(|n| Some(n.trim().to_string()))
+            .collect()
+    };
+    let controllers = namespaces.into_iter().map(|namespace| {
+        let (lockedjobs, jobs): (Api<LockedJob>, Api<Job>) = match &namespace {
+            Some(ns) => (
+                Api::namespaced(client.clone(), ns),
+                Api::namespaced(client.clone(), ns),
+            ),
+            None => (Api::all(client.clone()), Api::all(client.clone())),
+        };
+        let ctx = Arc::clone(&ctx);
+        let controller = Controller::new(lockedjobs, watcher::Config::default().any_semantic())
+            .owns(
+                jobs,
+                watcher::Config::default().labels(jobs::LABEL_LOCKED_JOB),
+            );
+        let store = controller.store();
+        let sync_ctx = Arc::clone(&ctx);
+        tokio::spawn(async move {
+            if store.wait_until_ready().await.is_ok() {
+                sync_ctx.synced.store(true, Ordering::Relaxed);
+            }
+        });
+        let shutdown = ctx.shutdown.clone();
+        controller
+            .graceful_shutdown_on(async move { shutdown.cancelled().await })
+            .run(reconcile::reconcile, reconcile::error_policy, ctx)
+            .for_each(|result| async move {
+                if let Err(e) = result {
+                    tracing::debug!(error = %e, "reconcile failed");
+                }
+            })
+    });
+    futures::future::join_all(controllers).await;
+
+    // Runs hand themselves over on shutdown (they release their locks); give them a moment.
+    for _ in 0..100 {
+        if ctx.supervised.lock().map(|s| s.is_empty()).unwrap_or(true) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    probe.abort();
+    signals.abort();
+    health.abort();
+    tracing::info!("lockedjob operator stopped");
+    0
+}
+
+async fn probe_redis(ctx: Arc<Context>) {
+    loop {
+        let reachable = ctx.engine.reachable_nodes().await;
+        ctx.reachable.store(reachable, Ordering::Relaxed);
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+}
+
+async fn wait_for_shutdown(ctx: Arc<Context>) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        return;
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+    tracing::info!(
+        "shutdown requested: no new runs; running Jobs are handed over to the other replicas"
+    );
+    ctx.shutdown.cancel();
+}

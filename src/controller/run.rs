@@ -1,0 +1,532 @@
+//! One run's life: win the lock, create the Job, supervise it under the watchdog, and give it
+//! up (deleting the Job before the lease deadline) when the lease is lost. Also adoption of
+//! Jobs whose holder vanished.
+
+use super::jobs::{build_job, job_state, JobState, RunIdentity};
+use super::status::set_condition;
+use super::{Context, MANAGER};
+use crate::api::{conditions, LockedJob, RunOutcome, RunRecord, ValidSpec};
+use crate::metrics;
+use crate::redlock::{Lease, LeaseTiming, Watchdog};
+use jiff::Timestamp;
+use k8s_openapi::api::batch::v1::Job;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::runtime::events::{Event, EventType};
+use kube::{Resource, ResourceExt};
+use serde_json::json;
+use std::sync::Arc;
+use std::time::Duration;
+use tracing::Instrument;
+
+/// API calls made while a lease runs out must not outlast it (kube retries 503s for minutes).
+const API_CALL_LIMIT: Duration = Duration::from_secs(5);
+
+async fn bounded<T>(
+    limit: Duration,
+    call: impl std::future::Future<Output = Result<T, kube::Error>>,
+) -> Option<T> {
+    match tokio::time::timeout(limit, call).await {
+        Ok(Ok(value)) => Some(value),
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "Kubernetes API call failed");
+            None
+        }
+        Err(_) => {
+            tracing::warn!(
+                limit_ms = limit.as_millis() as u64,
+                "Kubernetes API call timed out"
+            );
+            None
+        }
+    }
+}
+
+pub async fn event(ctx: &Context, lj: &LockedJob, warning: bool, reason: &str, note: String) {
+    let reference = lj.object_ref(&());
+    let event = Event {
+        type_: if warning {
+            EventType::Warning
+        } else {
+            EventType::Normal
+        },
+        reason: reason.into(),
+        note: Some(note),
+        action: reason.into(),
+        secondary: None,
+    };
+    if let Err(e) = ctx.recorder.publish(&event, &reference).await {
+        tracing::debug!(error = %e, "event not recorded");
+    }
+}
+
+/// Merge-patches the LockedJob's status.
+async fn patch_status(ctx: &Context, lj: &LockedJob, status: serde_json::Value) {
+    let api: Api<LockedJob> =
+        Api::namespaced(ctx.client.clone(), &lj.namespace().unwrap_or_default());
+    bounded(
+        API_CALL_LIMIT,
+        api.patch_status(
+            &lj.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": status})),
+        ),
+    )
+    .await;
+}
+
+/// Read-modify-write of the conditions, guarded by resourceVersion, retried on conflict.
+async fn update_condition(
+    ctx: &Context,
+    lj: &LockedJob,
+    kind: &str,
+    value: bool,
+    reason: &str,
+    message: &str,
+) {
+    let api: Api<LockedJob> =
+        Api::namespaced(ctx.client.clone(), &lj.namespace().unwrap_or_default());
+    for _ in 0..5 {
+        let Some(current) = bounded(API_CALL_LIMIT, api.get(&lj.name_any())).await else {
+            return;
+        };
+        let mut conditions = current.status.clone().unwrap_or_default().conditions;
+        set_condition(
+            &mut conditions,
+            kind,
+            value,
+            reason,
+            message,
+            current.metadata.generation,
+            Timestamp::now(),
+        );
+        let patch = json!({"metadata": {"resourceVersion": current.resource_version()}, "status": {"conditions": conditions}});
+        match tokio::time::timeout(
+            API_CALL_LIMIT,
+            api.patch_status(
+                &lj.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(patch),
+            ),
+        )
+        .await
+        {
+            Ok(Ok(_)) => return,
+            Ok(Err(kube::Error::Api(s))) if s.code == 409 => continue,
+            _ => return,
+        }
+    }
+}
+
+fn record(
+    lease: &Lease,
+    job_name: &str,
+    scheduled: Timestamp,
+    outcome: RunOutcome,
+    message: Option<String>,
+) -> serde_json::Value {
+    serde_json::to_value(RunRecord {
+        scheduled_time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(scheduled),
+        job_name: job_name.into(),
+        fencing_token: lease.token() as i64,
+        holder: lease.holder().into(),
+        outcome,
+        message,
+    })
+    .unwrap_or_default()
+}
+
+/// Tries to run `lj` for `scheduled`: only the replica that wins the lock goes on.
+pub async fn start(
+    ctx: Arc<Context>,
+    lj: Arc<LockedJob>,
+    valid: ValidSpec,
+    scheduled: Timestamp,
+    replace: Vec<String>,
+) {
+    let namespace = lj.namespace().unwrap_or_default();
+    let key = (namespace.clone(), lj.name_any(), scheduled.as_second());
+    if !ctx
+        .starting
+        .lock()
+        .map(|mut s| s.insert(key.clone()))
+        .unwrap_or(false)
+    {
+        return;
+    }
+    let span = tracing::info_span!("run", namespace = %namespace, name = %lj.name_any(), lock = %valid.lock_name, scheduled = %scheduled, token = tracing::field::Empty);
+    let started = start_inner(Arc::clone(&ctx), Arc::clone(&lj), valid, scheduled, replace)
+        .instrument(span.clone())
+        .await;
+    if let Ok(mut s) = ctx.starting.lock() {
+        s.remove(&key);
+    }
+    if let Some((lease, job_name, timing)) = started {
+        supervise(ctx, lj, job_name, lease, timing, scheduled)
+            .instrument(span)
+            .await;
+    }
+}
+
+async fn start_inner(
+    ctx: Arc<Context>,
+    lj: Arc<LockedJob>,
+    valid: ValidSpec,
+    scheduled: Timestamp,
+    replace: Vec<String>,
+) -> Option<(Lease, String, LeaseTiming)> {
+    if ctx.shutdown.is_cancelled() {
+        return None;
+    }
+    let namespace = lj.namespace().unwrap_or_default();
+    let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), &namespace);
+    let lease = match ctx
+        .engine
+        .try_acquire(&valid.lock_name, valid.timing.ttl)
+        .await
+    {
+        Ok(lease) => lease,
+        Err(e) if e.is_contended() => {
+            tracing::debug!("another runner holds the lock for this run");
+            return None;
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "lock not acquired; the run waits for the next attempt");
+            return None;
+        }
+    };
+    tracing::Span::current().record("token", lease.token());
+    let scheduled_ms = scheduled.as_millisecond().max(0) as u64;
+    // Under the lock: did a runner (another replica or cluster) already start this time?
+    match ctx.engine.progress(&lease).await {
+        Ok(done) if done >= scheduled_ms => {
+            tracing::info!("this scheduled time already ran elsewhere; not running it again");
+            ctx.engine.release(&lease).await;
+            patch_status(
+                &ctx,
+                &lj,
+                json!({"lastScheduleTime": scheduled.to_string()}),
+            )
+            .await;
+            return None;
+        }
+        Ok(_) => {}
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read the lock's progress; giving the run up");
+            ctx.engine.release(&lease).await;
+            return None;
+        }
+    }
+    event(
+        &ctx,
+        &lj,
+        false,
+        "Acquired",
+        format!(
+            "lock {} acquired by {} with fencing token {} for {scheduled}",
+            valid.lock_name,
+            lease.holder(),
+            lease.token()
+        ),
+    )
+    .await;
+    for name in &replace {
+        tracing::info!(job = %name, "concurrencyPolicy Replace: stopping the active Job");
+        bounded(
+            API_CALL_LIMIT,
+            jobs.delete(name, &DeleteParams::foreground()),
+        )
+        .await;
+    }
+    if let Err(e) = ctx.engine.record_progress(&lease, scheduled_ms).await {
+        tracing::warn!(error = %e, "cannot record the run under the lock; giving it up");
+        ctx.engine.release(&lease).await;
+        return None;
+    }
+    let job_name = crate::schedule::job_name(
+        &lj.name_any(),
+        scheduled,
+        valid.policy.schedule.has_seconds(),
+    );
+    let job = build_job(
+        &lj,
+        &RunIdentity {
+            job_name: &job_name,
+            scheduled,
+            lock_name: &valid.lock_name,
+            lock_value: lease.value(),
+            holder: lease.holder(),
+            token: lease.token(),
+        },
+    );
+    match tokio::time::timeout(
+        API_CALL_LIMIT,
+        jobs.create(
+            &PostParams {
+                field_manager: Some(MANAGER.into()),
+                ..Default::default()
+            },
+            &job,
+        ),
+    )
+    .await
+    {
+        Ok(Ok(_)) => {
+            let lag = (Timestamp::now() - scheduled).get_milliseconds().max(0) as u64;
+            metrics::record_schedule_lag(Duration::from_millis(lag));
+            tracing::info!(job = %job_name, lag_ms = lag, "Job created");
+            event(
+                &ctx,
+                &lj,
+                false,
+                "Created",
+                format!(
+                    "created Job {job_name} for {scheduled} (token {})",
+                    lease.token()
+                ),
+            )
+            .await;
+        }
+        Ok(Err(kube::Error::Api(s))) if s.code == 409 => {
+            tracing::info!(job = %job_name, "the Job already exists (created by an earlier holder); supervising it");
+        }
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "Job not created");
+            event(
+                &ctx,
+                &lj,
+                true,
+                "CreateFailed",
+                format!("cannot create Job {job_name}: {e}"),
+            )
+            .await;
+            ctx.engine.release(&lease).await;
+            return None;
+        }
+        Err(_) => {
+            tracing::warn!("Job create timed out; supervising in case it landed");
+        }
+    }
+    patch_status(
+        &ctx,
+        &lj,
+        json!({
+            "lastScheduleTime": scheduled.to_string(),
+            "lastRun": record(&lease, &job_name, scheduled, RunOutcome::Running, None),
+        }),
+    )
+    .await;
+    Some((lease, job_name, valid.timing))
+}
+
+/// How supervision ended.
+enum End {
+    Finished(JobState),
+    /// The Job disappeared (deleted by a user, or by the LockedJob's deletion).
+    Gone,
+    LockLost,
+    HandedOver,
+}
+
+/// Renews the lease while the Job runs; acts on lease loss; records the outcome.
+pub async fn supervise(
+    ctx: Arc<Context>,
+    lj: Arc<LockedJob>,
+    job_name: String,
+    lease: Lease,
+    timing: LeaseTiming,
+    scheduled: Timestamp,
+) {
+    let namespace = lj.namespace().unwrap_or_default();
+    let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), &namespace);
+    let key = (namespace.clone(), job_name.clone());
+    if let Ok(mut s) = ctx.supervised.lock() {
+        s.insert(key.clone());
+    }
+    let watchdog = Watchdog::spawn(ctx.engine.clone(), lease.clone(), timing);
+    let lost = watchdog.lost();
+    let end = loop {
+        tokio::select! {
+            biased;
+            _ = lost.cancelled() => break End::LockLost,
+            _ = ctx.shutdown.cancelled() => break End::HandedOver,
+            _ = tokio::time::sleep(Duration::from_millis(500)) => {
+                match tokio::time::timeout(API_CALL_LIMIT, jobs.get_opt(&job_name)).await {
+                    Ok(Ok(None)) => break End::Gone,
+                    Ok(Ok(Some(job))) => match job_state(&job) {
+                        JobState::Active => {}
+                        finished => break End::Finished(finished),
+                    },
+                    // API trouble: keep the lease; the Job runs on regardless.
+                    _ => {}
+                }
+            }
+        }
+    };
+    match end {
+        End::LockLost => {
+            let deadline = watchdog.status().deadline;
+            let _ = watchdog.stop().await;
+            metrics::record_run("lock_lost");
+            // Someone else holding the lock now (we were paused, they adopted the Job) owns
+            // the Job; otherwise nobody may run it without a lease: stop it before our deadline.
+            let other = ctx.engine.current_holder(lease.name()).await;
+            let message = match other {
+                Some(holder) if holder != lease.holder() => {
+                    tracing::warn!(new_holder = %holder, "lease lost; another holder has the lock now, leaving the Job to it");
+                    format!(
+                        "lease on {} lost; {holder} holds the lock now",
+                        lease.name()
+                    )
+                }
+                _ => {
+                    let left = deadline.saturating_duration_since(std::time::Instant::now());
+                    tracing::error!(
+                        left_ms = left.as_millis() as u64,
+                        "lease lost: deleting the Job before the lease deadline"
+                    );
+                    bounded(
+                        left.max(Duration::from_millis(100)),
+                        jobs.delete(&job_name, &DeleteParams::foreground()),
+                    )
+                    .await;
+                    format!("lease on {} lost (no Redis quorum renewed it); Job {job_name} deleted before the lease deadline", lease.name())
+                }
+            };
+            event(&ctx, &lj, true, "LockLost", message.clone()).await;
+            update_condition(
+                &ctx,
+                &lj,
+                conditions::LOCK_LOST,
+                true,
+                "LeaseLost",
+                &message,
+            )
+            .await;
+            patch_status(&ctx, &lj, json!({"lastRun": record(&lease, &job_name, scheduled, RunOutcome::LockLost, Some(message))})).await;
+        }
+        End::HandedOver => {
+            // Release, so another replica acquires the lock afresh and adopts the Job.
+            watchdog.release(&ctx.engine).await;
+            tracing::info!(job = %job_name, "shutting down: lock released for another replica to adopt the Job");
+        }
+        End::Gone => {
+            watchdog.release(&ctx.engine).await;
+            metrics::record_run("stopped");
+            patch_status(&ctx, &lj, json!({"lastRun": record(&lease, &job_name, scheduled, RunOutcome::Stopped, Some("the Job was deleted".into()))})).await;
+        }
+        End::Finished(state) => {
+            let held = watchdog.release(&ctx.engine).await;
+            let (outcome, reason) = match state {
+                JobState::Succeeded => (RunOutcome::Succeeded, "Completed"),
+                _ => (RunOutcome::Failed, "Failed"),
+            };
+            metrics::record_run(if outcome == RunOutcome::Succeeded {
+                "succeeded"
+            } else {
+                "failed"
+            });
+            tracing::info!(job = %job_name, ?outcome, lease_held = held, "run finished; lock released");
+            event(
+                &ctx,
+                &lj,
+                outcome != RunOutcome::Succeeded,
+                reason,
+                format!(
+                    "Job {job_name} {}",
+                    if outcome == RunOutcome::Succeeded {
+                        "completed"
+                    } else {
+                        "failed"
+                    }
+                ),
+            )
+            .await;
+            let mut status =
+                json!({"lastRun": record(&lease, &job_name, scheduled, outcome, None)});
+            if outcome == RunOutcome::Succeeded {
+                status["lastSuccessfulTime"] = json!(Timestamp::now().to_string());
+            }
+            patch_status(&ctx, &lj, status).await;
+            if lj.status.as_ref().is_some_and(|s| {
+                super::status::condition_is_true(&s.conditions, conditions::LOCK_LOST)
+            }) {
+                update_condition(
+                    &ctx,
+                    &lj,
+                    conditions::LOCK_LOST,
+                    false,
+                    "LeaseHeld",
+                    "the last run kept its lease",
+                )
+                .await;
+            }
+        }
+    }
+    if let Ok(mut s) = ctx.supervised.lock() {
+        s.remove(&key);
+    }
+}
+
+/// An active Job nobody here supervises: its holder may have died. Adopt it by acquiring the
+/// lock afresh; delete it if another cluster holds the lock; leave it if a replica of this
+/// cluster does.
+pub async fn check_orphan(ctx: Arc<Context>, lj: Arc<LockedJob>, valid: ValidSpec, job: Job) {
+    let namespace = lj.namespace().unwrap_or_default();
+    let job_name = job.name_any();
+    let key = (namespace.clone(), job_name.clone());
+    if !ctx
+        .supervised
+        .lock()
+        .map(|mut s| s.insert(key.clone()))
+        .unwrap_or(false)
+    {
+        return;
+    }
+    let span = tracing::info_span!("adopt", namespace = %namespace, name = %lj.name_any(), lock = %valid.lock_name, job = %job_name, token = tracing::field::Empty);
+    let adopted = async {
+        let ours = format!("{}/", ctx.cluster_id);
+        match ctx.engine.current_holder(&valid.lock_name).await {
+            Some(holder) if holder.starts_with(&ours) => None,
+            Some(holder) => {
+                tracing::warn!(%holder, "another cluster holds the lock: deleting this cluster's orphaned Job");
+                let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), &namespace);
+                bounded(API_CALL_LIMIT, jobs.delete(&job_name, &DeleteParams::foreground())).await;
+                event(&ctx, &lj, true, "OrphanDeleted", format!("Job {job_name} deleted: lock {} is held by {holder}", valid.lock_name)).await;
+                None
+            }
+            None => match ctx.engine.try_acquire(&valid.lock_name, valid.timing.ttl).await {
+                Ok(lease) => {
+                    tracing::Span::current().record("token", lease.token());
+                    tracing::info!("holder gone: lock acquired afresh, adopting the Job");
+                    event(&ctx, &lj, false, "Adopted", format!("Job {job_name} adopted by {} with token {}", lease.holder(), lease.token())).await;
+                    Some(lease)
+                }
+                Err(_) => None,
+            },
+        }
+    }
+    .instrument(span.clone())
+    .await;
+    if let Ok(mut s) = ctx.supervised.lock() {
+        s.remove(&key);
+    }
+    if let Some(lease) = adopted {
+        let scheduled = super::jobs::scheduled_time(&job).unwrap_or_else(Timestamp::now);
+        supervise(ctx, lj, job_name, lease, valid.timing, scheduled)
+            .instrument(span)
+            .await;
+    }
+}
+
+/// Stops this replica's Jobs of a LockedJob being deleted (supervisors see them go, release
+/// their locks, and record the outcome).
+pub async fn stop_all(ctx: &Context, namespace: &str, jobs: &[Job]) {
+    let api: Api<Job> = Api::namespaced(ctx.client.clone(), namespace);
+    for job in jobs {
+        bounded(
+            API_CALL_LIMIT,
+            api.delete(&job.name_any(), &DeleteParams::foreground()),
+        )
+        .await;
+    }
+}
