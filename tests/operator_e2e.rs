@@ -429,3 +429,114 @@ async fn killed_holder_is_replaced_without_a_second_job_for_the_same_time() {
         runs.len()
     );
 }
+
+async fn wait_for_holder(api: &Api<LockedJob>, name: &str) -> String {
+    assert!(
+        eventually(Duration::from_secs(40), || async {
+            api.get(name)
+                .await
+                .ok()
+                .and_then(|l| l.status)
+                .and_then(|s| s.last_run)
+                .is_some()
+        })
+        .await,
+        "no run started"
+    );
+    api.get(name)
+        .await
+        .expect("get")
+        .status
+        .and_then(|s| s.last_run)
+        .map(|r| r.holder)
+        .expect("holder")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn paused_holder_is_taken_over_and_leaves_the_job_alone_when_it_wakes() {
+    let nodes = RedisNodes::start(3, Persistence::AppendFsyncAlways);
+    let server = ApiServer::start();
+    let dir = tempfile::tempdir().expect("dir");
+    let journal = dir.path().join("journal");
+    let replicas: Vec<Replica> = (0..3)
+        .map(|i| Replica::start(&server, &nodes.urls(), "c1", &format!("r{i}"), dir.path()))
+        .collect();
+    let api: Api<LockedJob> = Api::namespaced(server.client().await, "default");
+    api.create(
+        &PostParams::default(),
+        &journaled("paused", "*/20 * * * * *", "c1", &journal, None, "11"),
+    )
+    .await
+    .expect("create");
+    let holder = wait_for_holder(&api, "paused").await;
+    let paused = replicas
+        .iter()
+        .find(|r| holder.ends_with(&format!("/{}", r.name)))
+        .expect("holder is a replica");
+    // Longer than the 6 s TTL: the lease runs out while the holder sleeps.
+    paused.signal(Signal::SIGSTOP);
+    tokio::time::sleep(Duration::from_secs(9)).await;
+    paused.signal(Signal::SIGCONT);
+    // The run the paused holder started must finish (it writes its journal line at the end):
+    // had the woken holder deleted the Job, that line would be missing.
+    assert!(
+        eventually(Duration::from_secs(20), || async {
+            !read_journal(&journal).is_empty()
+        })
+        .await,
+        "the first run never finished: {}",
+        replicas
+            .iter()
+            .map(|r| format!("--- {}\n{}", r.name, r.log()))
+            .collect::<String>()
+    );
+    let adopted = replicas
+        .iter()
+        .any(|r| r.name != paused.name && r.log().contains("adopting the Job"));
+    let left_alone = paused.log().contains("another holder has the lock now");
+    let logs: String = replicas
+        .iter()
+        .map(|r| format!("--- {}\n{}", r.name, r.log()))
+        .collect();
+    assert!(adopted, "no replica adopted the Job:\n{logs}");
+    assert!(left_alone, "the woken holder did not step aside:\n{logs}");
+    check(&read_journal(&journal)).unwrap_or_else(|e| panic!("{e}\n{logs}"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn holder_cut_off_from_its_api_server_causes_no_duplicate_and_status_catches_up() {
+    let nodes = RedisNodes::start(3, Persistence::AppendFsyncAlways);
+    let server = ApiServer::start();
+    let dir = tempfile::tempdir().expect("dir");
+    let journal = dir.path().join("journal");
+    let replicas: Vec<Replica> = (0..3)
+        .map(|i| Replica::start(&server, &nodes.urls(), "c1", &format!("r{i}"), dir.path()))
+        .collect();
+    let api: Api<LockedJob> = Api::namespaced(server.client().await, "default");
+    api.create(
+        &PostParams::default(),
+        &journaled("cut", "*/4 * * * * *", "c1", &journal, None, "2"),
+    )
+    .await
+    .expect("create");
+    let holder = wait_for_holder(&api, "cut").await;
+    let token = holder.rsplit('/').next().expect("runner name").to_string();
+    server.set_faults(|f| {
+        f.cut_tokens.insert(token.clone());
+    });
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    server.set_faults(|f| f.cut_tokens.clear());
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let status = api.get("cut").await.expect("get").status.expect("status");
+    let logs: String = replicas
+        .iter()
+        .map(|r| format!("--- {}\n{}", r.name, r.log()))
+        .collect();
+    assert!(
+        status.last_successful_time.is_some(),
+        "status did not catch up:\n{logs}"
+    );
+    let runs = read_journal(&journal);
+    check(&runs).unwrap_or_else(|e| panic!("{e}\n{logs}"));
+    assert!(runs.len() >= 3, "runs stopped ({}):\n{logs}", runs.len());
+}
