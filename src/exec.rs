@@ -7,7 +7,7 @@
 //! [`EXIT_SPAWN_FAILED`] when the command could not be started.
 
 use crate::options::{parse_duration, RedisOptions};
-use crate::redlock::{LeaseTiming, LockError, Redlock, Watchdog, WatchdogEnd, DEFAULT_TTL};
+use crate::redlock::{LeaseTiming, LockError, Redlock, Watchdog, DEFAULT_TTL};
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 use std::process::ExitStatus;
@@ -178,16 +178,7 @@ async fn run_locked(engine: Redlock, args: ExecArgs, timing: LeaseTiming) -> i32
         }
     };
 
-    let lease_held = match watchdog.stop().await {
-        WatchdogEnd::Stopped(lease) => {
-            engine.release(&lease).await;
-            true
-        }
-        WatchdogEnd::Lost(lease) => {
-            engine.release(&lease).await;
-            false
-        }
-    };
+    let lease_held = watchdog.release(&engine).await;
     if !lease_held {
         eprintln!(
             "lockedjob exec: lease on {:?} lost (no Redis quorum renewed it); the command was stopped",

@@ -68,6 +68,41 @@ impl Drop for Replica {
     }
 }
 
+/// Redis nodes, one stand-in cluster, its operator replicas and the shared journal.
+struct Lab {
+    nodes: RedisNodes,
+    server: ApiServer,
+    dir: tempfile::TempDir,
+    journal: PathBuf,
+    replicas: Vec<Replica>,
+}
+
+impl Lab {
+    fn start(redis_nodes: usize, replicas: usize) -> Self {
+        let nodes = RedisNodes::start(redis_nodes, Persistence::AppendFsyncAlways);
+        let server = ApiServer::start();
+        let dir = tempfile::tempdir().expect("dir");
+        let journal = dir.path().join("journal");
+        let replicas = (0..replicas)
+            .map(|i| Replica::start(&server, &nodes.urls(), "c1", &format!("r{i}"), dir.path()))
+            .collect();
+        Self {
+            nodes,
+            server,
+            dir,
+            journal,
+            replicas,
+        }
+    }
+}
+
+fn logs_of(replicas: &[Replica]) -> String {
+    replicas
+        .iter()
+        .map(|r| format!("--- {}\n{}", r.name, r.log()))
+        .collect()
+}
+
 /// A LockedJob whose every run records itself in `journal`.
 fn journaled(
     name: &str,
@@ -174,13 +209,13 @@ async fn condition(api: &Api<LockedJob>, name: &str, kind: &str) -> Option<(Stri
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_replicas_run_each_time_once_and_invalid_specs_are_reported() {
-    let nodes = RedisNodes::start(5, Persistence::AppendFsyncAlways);
-    let server = ApiServer::start();
-    let dir = tempfile::tempdir().expect("dir");
-    let journal = dir.path().join("journal");
-    let replicas: Vec<Replica> = (0..3)
-        .map(|i| Replica::start(&server, &nodes.urls(), "c1", &format!("r{i}"), dir.path()))
-        .collect();
+    let Lab {
+        nodes: _nodes,
+        server,
+        dir: _dir,
+        journal,
+        replicas,
+    } = Lab::start(5, 3);
     let client = server.client().await;
     let api: Api<LockedJob> = Api::namespaced(client, "default");
     api.create(
@@ -209,10 +244,7 @@ async fn three_replicas_run_each_time_once_and_invalid_specs_are_reported() {
         r.signal(Signal::SIGTERM);
     }
     let runs = read_journal(&journal);
-    let logs: String = replicas
-        .iter()
-        .map(|r| format!("--- {}\n{}", r.name, r.log()))
-        .collect();
+    let logs = logs_of(&replicas);
     assert!(runs.len() >= 5, "too few runs ({}):\n{logs}", runs.len());
     check(&runs).unwrap_or_else(|e| panic!("{e}\n{logs}"));
     let holders: std::collections::HashSet<String> = api
@@ -266,10 +298,7 @@ async fn two_clusters_sharing_redis_run_each_time_once_across_both() {
         r.signal(Signal::SIGTERM);
     }
     let runs = read_journal(&journal);
-    let logs: String = replicas
-        .iter()
-        .map(|r| format!("--- {}\n{}", r.name, r.log()))
-        .collect();
+    let logs = logs_of(&replicas);
     assert!(runs.len() >= 5, "too few runs ({}):\n{logs}", runs.len());
     check(&runs).unwrap_or_else(|e| panic!("{e}\n{logs}"));
     assert!(runs.iter().all(|r| r.lock == "global/shared"));
@@ -277,13 +306,13 @@ async fn two_clusters_sharing_redis_run_each_time_once_across_both() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn quorum_loss_deletes_the_job_before_the_deadline_and_runs_resume_after() {
-    let mut nodes = RedisNodes::start(5, Persistence::AppendFsyncAlways);
-    let server = ApiServer::start();
-    let dir = tempfile::tempdir().expect("dir");
-    let journal = dir.path().join("journal");
-    let replicas: Vec<Replica> = (0..2)
-        .map(|i| Replica::start(&server, &nodes.urls(), "c1", &format!("r{i}"), dir.path()))
-        .collect();
+    let Lab {
+        mut nodes,
+        server,
+        dir: _dir,
+        journal,
+        replicas,
+    } = Lab::start(5, 2);
     let client = server.client().await;
     let api: Api<LockedJob> = Api::namespaced(client.clone(), "default");
     let jobs: Api<k8s_openapi::api::batch::v1::Job> = Api::namespaced(client, "default");
@@ -372,13 +401,13 @@ async fn quorum_loss_deletes_the_job_before_the_deadline_and_runs_resume_after()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_holder_is_replaced_without_a_second_job_for_the_same_time() {
-    let nodes = RedisNodes::start(3, Persistence::AppendFsyncAlways);
-    let server = ApiServer::start();
-    let dir = tempfile::tempdir().expect("dir");
-    let journal = dir.path().join("journal");
-    let mut replicas: Vec<Replica> = (0..3)
-        .map(|i| Replica::start(&server, &nodes.urls(), "c1", &format!("r{i}"), dir.path()))
-        .collect();
+    let Lab {
+        nodes: _nodes,
+        server,
+        dir: _dir,
+        journal,
+        mut replicas,
+    } = Lab::start(3, 3);
     let client = server.client().await;
     let api: Api<LockedJob> = Api::namespaced(client.clone(), "default");
     api.create(
@@ -418,10 +447,7 @@ async fn killed_holder_is_replaced_without_a_second_job_for_the_same_time() {
         r.signal(Signal::SIGTERM);
     }
     let runs = read_journal(&journal);
-    let logs: String = replicas
-        .iter()
-        .map(|r| format!("--- {}\n{}", r.name, r.log()))
-        .collect();
+    let logs = logs_of(&replicas);
     check(&runs).unwrap_or_else(|e| panic!("{e}\n{logs}"));
     assert!(
         runs.len() >= 3,
@@ -454,13 +480,13 @@ async fn wait_for_holder(api: &Api<LockedJob>, name: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn paused_holder_is_taken_over_and_leaves_the_job_alone_when_it_wakes() {
-    let nodes = RedisNodes::start(3, Persistence::AppendFsyncAlways);
-    let server = ApiServer::start();
-    let dir = tempfile::tempdir().expect("dir");
-    let journal = dir.path().join("journal");
-    let replicas: Vec<Replica> = (0..3)
-        .map(|i| Replica::start(&server, &nodes.urls(), "c1", &format!("r{i}"), dir.path()))
-        .collect();
+    let Lab {
+        nodes: _nodes,
+        server,
+        dir: _dir,
+        journal,
+        replicas,
+    } = Lab::start(3, 3);
     let api: Api<LockedJob> = Api::namespaced(server.client().await, "default");
     api.create(
         &PostParams::default(),
@@ -494,10 +520,7 @@ async fn paused_holder_is_taken_over_and_leaves_the_job_alone_when_it_wakes() {
         .iter()
         .any(|r| r.name != paused.name && r.log().contains("adopting the Job"));
     let left_alone = paused.log().contains("another holder has the lock now");
-    let logs: String = replicas
-        .iter()
-        .map(|r| format!("--- {}\n{}", r.name, r.log()))
-        .collect();
+    let logs = logs_of(&replicas);
     assert!(adopted, "no replica adopted the Job:\n{logs}");
     assert!(left_alone, "the woken holder did not step aside:\n{logs}");
     check(&read_journal(&journal)).unwrap_or_else(|e| panic!("{e}\n{logs}"));
@@ -505,13 +528,13 @@ async fn paused_holder_is_taken_over_and_leaves_the_job_alone_when_it_wakes() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn holder_cut_off_from_its_api_server_causes_no_duplicate_and_status_catches_up() {
-    let nodes = RedisNodes::start(3, Persistence::AppendFsyncAlways);
-    let server = ApiServer::start();
-    let dir = tempfile::tempdir().expect("dir");
-    let journal = dir.path().join("journal");
-    let replicas: Vec<Replica> = (0..3)
-        .map(|i| Replica::start(&server, &nodes.urls(), "c1", &format!("r{i}"), dir.path()))
-        .collect();
+    let Lab {
+        nodes: _nodes,
+        server,
+        dir: _dir,
+        journal,
+        replicas,
+    } = Lab::start(3, 3);
     let api: Api<LockedJob> = Api::namespaced(server.client().await, "default");
     api.create(
         &PostParams::default(),
@@ -528,10 +551,7 @@ async fn holder_cut_off_from_its_api_server_causes_no_duplicate_and_status_catch
     server.set_faults(|f| f.cut_tokens.clear());
     tokio::time::sleep(Duration::from_secs(10)).await;
     let status = api.get("cut").await.expect("get").status.expect("status");
-    let logs: String = replicas
-        .iter()
-        .map(|r| format!("--- {}\n{}", r.name, r.log()))
-        .collect();
+    let logs = logs_of(&replicas);
     assert!(
         status.last_successful_time.is_some(),
         "status did not catch up:\n{logs}"

@@ -62,16 +62,13 @@ fn unavailable() -> Response<Body> {
     ))
 }
 
+fn header<'a>(req: &'a Request<Incoming>, name: &str) -> Option<&'a str> {
+    req.headers().get(name).and_then(|v| v.to_str().ok())
+}
+
 fn cut_off(faults: &Faults, req: &Request<Incoming>) -> bool {
-    let token = req
-        .headers()
-        .get("authorization")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
-    let agent = req
-        .headers()
-        .get("user-agent")
-        .and_then(|v| v.to_str().ok());
+    let token = header(req, "authorization").and_then(|v| v.strip_prefix("Bearer "));
+    let agent = header(req, "user-agent");
     token.is_some_and(|t| faults.cut_tokens.contains(t))
         || agent.is_some_and(|a| faults.cut_agents.contains(a))
 }
@@ -97,15 +94,8 @@ pub async fn handle(
         .query()
         .map(|q| form_urlencoded::parse(q.as_bytes()).into_owned().collect())
         .unwrap_or_default();
-    let wants_table = req
-        .headers()
-        .get("accept")
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|a| a.contains("as=Table"));
-    let content_type = req
-        .headers()
-        .get("content-type")
-        .and_then(|v| v.to_str().ok())
+    let wants_table = header(&req, "accept").is_some_and(|a| a.contains("as=Table"));
+    let content_type = header(&req, "content-type")
         .unwrap_or("application/json")
         .to_string();
     let body = match req.into_body().collect().await {
