@@ -14,7 +14,8 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::events::{Event, EventType};
 use kube::{Resource, ResourceExt};
 use serde_json::json;
-use std::sync::Arc;
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tracing::Instrument;
 
@@ -135,6 +136,20 @@ fn record(
     .unwrap_or_default()
 }
 
+/// Marks `key` as taken by this replica; false when it already was (a poisoned set counts as
+/// taken, so nothing runs twice).
+fn claim<K: Clone + Eq + std::hash::Hash>(set: &Mutex<HashSet<K>>, key: &K) -> bool {
+    set.lock()
+        .map(|mut s| s.insert(key.clone()))
+        .unwrap_or(false)
+}
+
+fn unclaim<K: Eq + std::hash::Hash>(set: &Mutex<HashSet<K>>, key: &K) {
+    if let Ok(mut s) = set.lock() {
+        s.remove(key);
+    }
+}
+
 /// Tries to run `lj` for `scheduled`: only the replica that wins the lock goes on.
 pub async fn start(
     ctx: Arc<Context>,
@@ -145,21 +160,14 @@ pub async fn start(
 ) {
     let namespace = lj.namespace().unwrap_or_default();
     let key = (namespace.clone(), lj.name_any(), scheduled.as_second());
-    if !ctx
-        .starting
-        .lock()
-        .map(|mut s| s.insert(key.clone()))
-        .unwrap_or(false)
-    {
+    if !claim(&ctx.starting, &key) {
         return;
     }
     let span = tracing::info_span!("run", namespace = %namespace, name = %lj.name_any(), lock = %valid.lock_name, scheduled = %scheduled, token = tracing::field::Empty);
     let started = start_inner(Arc::clone(&ctx), Arc::clone(&lj), valid, scheduled, replace)
         .instrument(span.clone())
         .await;
-    if let Ok(mut s) = ctx.starting.lock() {
-        s.remove(&key);
-    }
+    unclaim(&ctx.starting, &key);
     if let Some((lease, job_name, timing)) = started {
         supervise(ctx, lj, job_name, lease, timing, scheduled)
             .instrument(span)
@@ -339,9 +347,7 @@ pub async fn supervise(
     let namespace = lj.namespace().unwrap_or_default();
     let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), &namespace);
     let key = (namespace.clone(), job_name.clone());
-    if let Ok(mut s) = ctx.supervised.lock() {
-        s.insert(key.clone());
-    }
+    claim(&ctx.supervised, &key);
     let watchdog = Watchdog::spawn(ctx.engine.clone(), lease.clone(), timing);
     let lost = watchdog.lost();
     let end = loop {
@@ -462,9 +468,7 @@ pub async fn supervise(
             }
         }
     }
-    if let Ok(mut s) = ctx.supervised.lock() {
-        s.remove(&key);
-    }
+    unclaim(&ctx.supervised, &key);
 }
 
 /// An active Job nobody here supervises: its holder may have died. Adopt it by acquiring the
@@ -474,12 +478,7 @@ pub async fn check_orphan(ctx: Arc<Context>, lj: Arc<LockedJob>, valid: ValidSpe
     let namespace = lj.namespace().unwrap_or_default();
     let job_name = job.name_any();
     let key = (namespace.clone(), job_name.clone());
-    if !ctx
-        .supervised
-        .lock()
-        .map(|mut s| s.insert(key.clone()))
-        .unwrap_or(false)
-    {
+    if !claim(&ctx.supervised, &key) {
         return;
     }
     let span = tracing::info_span!("adopt", namespace = %namespace, name = %lj.name_any(), lock = %valid.lock_name, job = %job_name, token = tracing::field::Empty);
@@ -507,9 +506,7 @@ pub async fn check_orphan(ctx: Arc<Context>, lj: Arc<LockedJob>, valid: ValidSpe
     }
     .instrument(span.clone())
     .await;
-    if let Ok(mut s) = ctx.supervised.lock() {
-        s.remove(&key);
-    }
+    unclaim(&ctx.supervised, &key);
     if let Some(lease) = adopted {
         let scheduled = super::jobs::scheduled_time(&job).unwrap_or_else(Timestamp::now);
         supervise(ctx, lj, job_name, lease, valid.timing, scheduled)

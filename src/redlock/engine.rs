@@ -251,13 +251,7 @@ impl Redlock {
                 }
                 _ => {
                     self.release_value(&lock_key, &value).await;
-                    return Err(LockError::NoQuorum {
-                        lock: name.to_string(),
-                        granted: raised,
-                        quorum,
-                        nodes,
-                        failures: phase2.failures,
-                    });
+                    return Err(self.no_quorum(name, raised, phase2.failures));
                 }
             }
         }
@@ -319,19 +313,8 @@ impl Redlock {
                 failures.push(self.failure(index, NodeErrorKind::WrongValue));
             }
         }
+        self.check_held(lease, extended, failures)?;
         let now = Instant::now();
-        if now >= lease.deadline {
-            return Err(expired());
-        }
-        if extended < self.inner.quorum {
-            return Err(LockError::NoQuorum {
-                lock: lease.name.clone(),
-                granted: extended,
-                quorum: self.inner.quorum,
-                nodes: self.inner.nodes.len(),
-                failures,
-            });
-        }
         let drift = drift_allowance(lease.ttl, self.inner.config.drift_factor);
         let deadline = start + lease.ttl.saturating_sub(drift);
         if deadline <= now {
@@ -380,6 +363,16 @@ impl Redlock {
         self.check_held(lease, round.replies.len(), round.failures)
     }
 
+    fn no_quorum(&self, lock: &str, granted: usize, failures: Vec<NodeFailure>) -> LockError {
+        LockError::NoQuorum {
+            lock: lock.to_string(),
+            granted,
+            quorum: self.inner.quorum,
+            nodes: self.inner.nodes.len(),
+            failures,
+        }
+    }
+
     fn check_held(
         &self,
         lease: &Lease,
@@ -392,13 +385,7 @@ impl Redlock {
             });
         }
         if answered < self.inner.quorum {
-            return Err(LockError::NoQuorum {
-                lock: lease.name.clone(),
-                granted: answered,
-                quorum: self.inner.quorum,
-                nodes: self.inner.nodes.len(),
-                failures,
-            });
+            return Err(self.no_quorum(&lease.name, answered, failures));
         }
         Ok(())
     }
