@@ -38,10 +38,10 @@ pub struct RedisOptions {
     #[arg(long, env = "LOCKEDJOB_REDIS_PASSWORD", hide_env_values = true)]
     pub redis_password: Option<String>,
     /// Bound on each request to one node; a dead or hung node costs this much.
-    #[arg(long, default_value = "50ms", value_parser = parse_duration)]
+    #[arg(long, env = "LOCKEDJOB_REQUEST_TIMEOUT", default_value = "50ms", value_parser = parse_duration)]
     pub request_timeout: Duration,
     /// Bound on opening a connection to one node (in the background).
-    #[arg(long, default_value = "500ms", value_parser = parse_duration)]
+    #[arg(long, env = "LOCKEDJOB_CONNECT_TIMEOUT", default_value = "500ms", value_parser = parse_duration)]
     pub connect_timeout: Duration,
     /// Share of the TTL by which node clocks may drift.
     #[arg(long, default_value_t = DEFAULT_DRIFT_FACTOR)]

@@ -761,13 +761,14 @@ async fn owner_references_garbage_collection() {
             .await
             .expect("job");
         assert!(eventually(WAIT, || async { !pods_of(&pods, "gc-fg").await.is_empty() }).await);
-        jobs.delete("gc-fg", &DeleteParams::foreground())
-            .await
-            .expect("foreground delete");
+        // The DELETE answer is the Job as it stands right after the delete: still there,
+        // waiting for its pods. A later GET could race the kubelet, which may already have
+        // stopped the pods and so let the Job go.
         let waiting = jobs
-            .get_opt("gc-fg")
+            .delete("gc-fg", &DeleteParams::foreground())
             .await
-            .expect("get")
+            .expect("foreground delete")
+            .left()
             .expect("the Job waits for its pods");
         assert!(waiting.metadata.deletion_timestamp.is_some(), "{}", b.name);
         assert!(
