@@ -15,7 +15,7 @@ fn committed_crd_matches_the_generated_one() {
     let committed = std::fs::read_to_string(repo(CRD_PATH)).expect("read committed CRD");
     assert!(
         committed == crd_yaml(),
-        "{CRD_PATH} is stale: regenerate it with `cargo run -- crd > {CRD_PATH}`"
+        "{CRD_PATH} is stale: regenerate it with `cargo run -- crd | tee {CRD_PATH} > charts/lockedjob-operator/{CRD_PATH}`"
     );
 }
 

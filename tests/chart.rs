@@ -1,0 +1,405 @@
+//! The Helm chart and the manifests users apply, checked without a cluster: chart metadata,
+//! values against `values.schema.json` (good and deliberately bad values files), the CRD it
+//! ships, the values its templates use, its Redis configuration and start-up script run for
+//! real with `redis-server`, and Kubernetes' own schemas (`kubernetes-validate`) for the CRD and
+//! the Job templates of the examples. `helm lint`/`helm template` run when helm is installed.
+
+mod support;
+
+use serde_json::Value;
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const CHART: &str = "charts/lockedjob-operator";
+
+fn repo(path: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(path)
+}
+
+fn read(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()))
+}
+
+fn yaml(path: &Path) -> Value {
+    serde_saphyr::from_str(&read(path)).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+fn files_in(dir: &Path, ext: &str) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("list {}: {e}", dir.display()))
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == ext))
+        .collect();
+    files.sort();
+    files
+}
+
+/// Helm merges the user's values over the chart's defaults (maps key by key, everything else
+/// replaced) and validates the result against values.schema.json.
+fn merge(base: &mut Value, over: &Value) {
+    match (base, over) {
+        (Value::Object(base), Value::Object(over)) => {
+            for (key, value) in over {
+                match base.get_mut(key) {
+                    Some(slot) if slot.is_object() && value.is_object() => merge(slot, value),
+                    _ => {
+                        base.insert(key.clone(), value.clone());
+                    }
+                }
+            }
+        }
+        (base, over) => *base = over.clone(),
+    }
+}
+
+fn validator() -> jsonschema::Validator {
+    let schema: Value = serde_json::from_str(&read(&repo(&format!("{CHART}/values.schema.json"))))
+        .expect("values.schema.json is JSON");
+    jsonschema::draft7::new(&schema).expect("values.schema.json is a valid draft-07 schema")
+}
+
+fn defaults() -> Value {
+    yaml(&repo(&format!("{CHART}/values.yaml")))
+}
+
+fn with_defaults(path: &Path) -> Value {
+    let mut values = defaults();
+    let over = yaml(path);
+    if !over.is_null() {
+        merge(&mut values, &over);
+    }
+    values
+}
+
+#[test]
+fn chart_metadata_matches_the_crate() {
+    let chart = yaml(&repo(&format!("{CHART}/Chart.yaml")));
+    assert_eq!(chart["apiVersion"], "v2");
+    assert_eq!(
+        chart["name"], "lockedjob-operator",
+        "the chart's folder name"
+    );
+    assert_eq!(
+        chart["appVersion"].as_str(),
+        Some(env!("CARGO_PKG_VERSION")),
+        "Chart.yaml appVersion must follow Cargo.toml's version (the image tag defaults to it)"
+    );
+    let version = chart["version"].as_str().expect("version");
+    assert_eq!(version.split('.').count(), 3, "semver: {version}");
+}
+
+#[test]
+fn default_and_ci_values_pass_the_schema() {
+    let validator = validator();
+    let mut checked = vec![("values.yaml".to_string(), defaults())];
+    for file in files_in(&repo(&format!("{CHART}/ci")), "yaml") {
+        checked.push((file.display().to_string(), with_defaults(&file)));
+    }
+    assert!(checked.len() >= 3, "values.yaml and the ci/ values files");
+    for (name, values) in checked {
+        let errors: Vec<String> = validator
+            .iter_errors(&values)
+            .map(|e| format!("{} at {}", e, e.instance_path()))
+            .collect();
+        assert!(errors.is_empty(), "{name}: {errors:#?}");
+    }
+}
+
+#[test]
+fn bad_values_are_rejected_at_the_field_they_name() {
+    let validator = validator();
+    let bad = files_in(&repo(&format!("{CHART}/tests/bad-values")), "yaml");
+    assert!(bad.len() >= 10, "the bad values files are there");
+    for file in bad {
+        let text = read(&file);
+        let expected = text
+            .lines()
+            .next()
+            .and_then(|l| l.strip_prefix("# rejected at:"))
+            .map(str::trim)
+            .unwrap_or_else(|| panic!("{}: first line '# rejected at: /path'", file.display()));
+        let values = with_defaults(&file);
+        let paths: Vec<String> = validator
+            .iter_errors(&values)
+            .map(|e| e.instance_path().to_string())
+            .collect();
+        assert!(
+            paths.iter().any(|p| p == expected),
+            "{}: expected an error at {expected:?}, got {paths:?}",
+            file.display()
+        );
+    }
+}
+
+#[test]
+fn the_chart_ships_the_crd_the_code_generates() {
+    let shipped = read(&repo(&format!(
+        "{CHART}/crds/lockedjob.dev_lockedjobs.yaml"
+    )));
+    assert!(
+        shipped == lockedjob::api::crd_yaml(),
+        "{CHART}/crds/ is stale: `cargo run -- crd | tee crds/lockedjob.dev_lockedjobs.yaml > {CHART}/crds/lockedjob.dev_lockedjobs.yaml`"
+    );
+}
+
+/// Every `.Values.a.b` a template reads exists in values.yaml: a misspelt path renders as
+/// empty in Helm, silently.
+#[test]
+fn templates_read_only_values_that_exist() {
+    let values = defaults();
+    let mut used = BTreeSet::new();
+    let templates = files_in(&repo(&format!("{CHART}/templates")), "yaml")
+        .into_iter()
+        .chain(files_in(&repo(&format!("{CHART}/templates")), "tpl"))
+        .chain(files_in(&repo(&format!("{CHART}/templates")), "txt"));
+    for file in templates {
+        let text = read(&file);
+        let mut rest = text.as_str();
+        while let Some(at) = rest.find(".Values.") {
+            rest = &rest[at + ".Values.".len()..];
+            let path: String = rest
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '.' || *c == '_')
+                .collect();
+            used.insert((path.trim_end_matches('.').to_string(), file.clone()));
+        }
+    }
+    assert!(used.len() > 30, "the templates were read: {}", used.len());
+    for (path, file) in used {
+        let mut node = &values;
+        for part in path.split('.') {
+            node = node.get(part).unwrap_or_else(|| {
+                panic!(
+                    "{} reads .Values.{path}, which values.yaml lacks",
+                    file.display()
+                )
+            });
+        }
+    }
+}
+
+struct Server(Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The chart's redis.conf and start-redis.sh, run for real: the node stays out of service for
+/// the restart delay, then serves with AOF fsynced on every write, a password, and no FLUSHALL.
+#[test]
+fn chart_redis_node_starts_after_its_delay_with_its_durability_settings() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let port = support::free_port();
+    let delay = 2;
+    let started = Instant::now();
+    let _server = Server(
+        Command::new("sh")
+            .arg(repo(&format!("{CHART}/files/start-redis.sh")))
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .env("REDIS_DATA_DIR", dir.path())
+            .env("RESTART_DELAY_SECONDS", delay.to_string())
+            .env("REDIS_CONFIG", repo(&format!("{CHART}/files/redis.conf")))
+            .env("REDIS_RUNTIME_DIR", dir.path().join("run"))
+            .env("REDIS_PASSWORD", "s3cr\"et")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start start-redis.sh"),
+    );
+    let client = redis::Client::open(format!("redis://127.0.0.1:{port}/")).expect("client");
+    let authed = redis::Client::open(format!("redis://:s3cr%22et@127.0.0.1:{port}/"))
+        .expect("client with password");
+
+    // Out of service during the delay: nothing listens yet.
+    while started.elapsed() < Duration::from_millis(delay * 1000 / 2) {
+        assert!(
+            client.get_connection().is_err(),
+            "the node served {:?} after start, inside its {delay}s restart delay",
+            started.elapsed()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let serving = support::wait_until(Duration::from_secs(60), || {
+        authed
+            .get_connection()
+            .and_then(|mut c| redis::cmd("PING").query::<String>(&mut c))
+            .is_ok()
+    });
+    assert!(serving, "the node never served");
+    assert!(
+        started.elapsed() >= Duration::from_secs(delay),
+        "served before its restart delay ended"
+    );
+
+    let mut conn = authed.get_connection().expect("connect with password");
+    let config = |name: &str, conn: &mut redis::Connection| -> String {
+        let pair: Vec<String> = redis::cmd("CONFIG")
+            .arg("GET")
+            .arg(name)
+            .query(conn)
+            .expect("CONFIG GET");
+        pair.get(1).cloned().unwrap_or_default()
+    };
+    assert_eq!(config("appendonly", &mut conn), "yes");
+    assert_eq!(config("appendfsync", &mut conn), "always");
+    assert_eq!(config("maxmemory-policy", &mut conn), "noeviction");
+    assert_eq!(config("save", &mut conn), "");
+    let flush: redis::RedisResult<String> = redis::cmd("FLUSHALL").query(&mut conn);
+    assert!(
+        flush.is_err(),
+        "FLUSHALL must be disabled on a lock node: {flush:?}"
+    );
+    let mut anonymous = client.get_connection().expect("connect without password");
+    let denied: redis::RedisResult<String> =
+        redis::cmd("SET").arg("k").arg("v").query(&mut anonymous);
+    assert!(
+        denied.is_err_and(|e| e.code() == Some("NOAUTH")),
+        "a client without the password is refused"
+    );
+    let password_in_ps =
+        std::fs::read_to_string(format!("/proc/{}/cmdline", _server.0.id())).unwrap_or_default();
+    assert!(
+        !password_in_ps.contains("s3cr"),
+        "the password must not be on the command line"
+    );
+}
+
+#[test]
+fn start_script_refuses_a_bad_delay() {
+    let out = Command::new("sh")
+        .arg(repo(&format!("{CHART}/files/start-redis.sh")))
+        .env("RESTART_DELAY_SECONDS", "1m")
+        .env("REDIS_CONFIG", repo(&format!("{CHART}/files/redis.conf")))
+        .output()
+        .expect("run start-redis.sh");
+    assert_eq!(out.status.code(), Some(64));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("whole number of seconds"));
+}
+
+/// As a module, so a pip install works without a console script on PATH.
+fn kubernetes_validate() -> Command {
+    let mut command = Command::new("python3");
+    command.args(["-m", "kubernetes_validate"]);
+    command
+}
+
+/// Kubernetes' own OpenAPI schemas, offline: the CRD as a CustomResourceDefinition, and each
+/// example's `spec.jobTemplate` as the batch/v1 Job the operator will create from it.
+#[test]
+fn manifests_validate_against_kubernetes_schemas() {
+    let installed = kubernetes_validate()
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !installed {
+        println!(
+            "skipped: kubernetes-validate not installed (scripts/test.sh installs it from PyPI)"
+        );
+        return;
+    }
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut manifests = vec![repo("crds/lockedjob.dev_lockedjobs.yaml")];
+    for example in files_in(&repo("examples"), "yaml") {
+        let lj = yaml(&example);
+        let job = serde_json::json!({
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": {"name": lj["metadata"]["name"], "namespace": "default"},
+            "spec": lj["spec"]["jobTemplate"]["spec"],
+        });
+        let path = dir.path().join(example.file_name().expect("name"));
+        std::fs::write(&path, serde_json::to_string(&job).expect("json")).expect("write");
+        manifests.push(path);
+    }
+    // A deliberately broken Job must fail, or the tool is not checking anything.
+    let broken = dir.path().join("broken-job.yaml");
+    std::fs::write(
+        &broken,
+        r#"{"apiVersion":"batch/v1","kind":"Job","metadata":{"name":"x"},"spec":{"template":{"spec":{"containers":[{"name":"a","image":"b","commandd":["x"]}]}}}}"#,
+    )
+    .expect("write");
+    let run = |path: &Path| {
+        kubernetes_validate()
+            .args(["--strict", "--no-warn"])
+            .arg(path)
+            .output()
+            .expect("run kubernetes-validate")
+    };
+    assert!(
+        !run(&broken).status.success(),
+        "kubernetes-validate accepted a broken Job"
+    );
+    for path in manifests {
+        let out = run(&path);
+        assert!(
+            out.status.success(),
+            "{}: {}{}",
+            path.display(),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+#[test]
+fn helm_lint_and_template_when_helm_is_installed() {
+    if Command::new("helm").arg("version").output().is_err() {
+        println!("skipped: helm not installed (helm lint / helm template not run)");
+        return;
+    }
+    let chart = repo(CHART);
+    let lint = Command::new("helm")
+        .args(["lint", "--strict"])
+        .arg(&chart)
+        .output()
+        .expect("helm lint");
+    assert!(
+        lint.status.success(),
+        "{}",
+        String::from_utf8_lossy(&lint.stdout)
+    );
+    for values in files_in(&repo(&format!("{CHART}/ci")), "yaml") {
+        let out = Command::new("helm")
+            .args(["template", "t", "--namespace", "locks", "-f"])
+            .arg(&values)
+            .arg(&chart)
+            .output()
+            .expect("helm template");
+        assert!(
+            out.status.success(),
+            "{}: {}",
+            values.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+#[test]
+fn dockerfile_builds_the_binary_into_a_non_root_image() {
+    let dockerfile = read(&repo("Dockerfile"));
+    let last_stage = dockerfile
+        .rsplit_once("\nFROM ")
+        .map(|(_, stage)| stage)
+        .expect("a multi-stage Dockerfile");
+    assert!(
+        last_stage.contains("USER 65532"),
+        "the final image runs as a non-root user"
+    );
+    assert!(last_stage.contains("ENTRYPOINT [\"/usr/local/bin/lockedjob\"]"));
+    assert!(
+        dockerfile.contains("--bin lockedjob"),
+        "builds the lockedjob binary"
+    );
+    let ignore = read(&repo(".dockerignore"));
+    for needed in ["!Cargo.toml", "!Cargo.lock", "!src/", "!benches/"] {
+        assert!(
+            ignore.lines().any(|l| l == needed),
+            ".dockerignore lets {needed} in"
+        );
+    }
+}
