@@ -23,5 +23,6 @@ echo "== cargo clippy"
 cargo clippy --locked --all-targets -- -D warnings
 echo "== benchmark smoke pass (cargo bench runs it in full)"
 cargo test --locked --bench redlock
+cargo test --locked --bench operator
 echo "== cargo test"
 cargo test --locked --lib --bins --tests

@@ -560,3 +560,124 @@ async fn holder_cut_off_from_its_api_server_causes_no_duplicate_and_status_catch
     check(&runs).unwrap_or_else(|e| panic!("{e}\n{logs}"));
     assert!(runs.len() >= 3, "runs stopped ({}):\n{logs}", runs.len());
 }
+
+/// Scenario 8: 200 LockedJobs over 3 replicas, each on a 10-second schedule: every LockedJob
+/// runs every due time inside the observed window, exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "known gap (issue 5): on the 2-core machine, debug-build replicas miss due times at 200 LockedJobs; run with --ignored"]
+async fn two_hundred_lockedjobs_over_three_replicas_each_run_once_per_due_time() {
+    const COUNT: usize = 200;
+    const PERIOD_S: i64 = 10;
+    let Lab {
+        nodes: _nodes,
+        server,
+        dir: _dir,
+        journal,
+        replicas,
+    } = Lab::start(5, 3);
+    let api: Api<LockedJob> = Api::namespaced(server.client().await, "default");
+    for i in 0..COUNT {
+        api.create(
+            &PostParams::default(),
+            &journaled(
+                &format!("many-{i:03}"),
+                "*/10 * * * * *",
+                "c1",
+                &journal,
+                None,
+                "0",
+            ),
+        )
+        .await
+        .expect("create");
+    }
+    let created = jiff::Timestamp::now();
+    tokio::time::sleep(Duration::from_secs(34)).await;
+    let stopped = jiff::Timestamp::now();
+    for r in &replicas {
+        r.signal(Signal::SIGTERM);
+    }
+    // Runs started = Jobs created (their processes may still be queued on the local kubelet).
+    let jobs: Api<k8s_openapi::api::batch::v1::Job> =
+        Api::namespaced(server.client().await, "default");
+    let started: Vec<(String, i64, i64)> = jobs
+        .list(&Default::default())
+        .await
+        .expect("list Jobs")
+        .items
+        .iter()
+        .filter_map(|job| {
+            let owner = job
+                .metadata
+                .owner_references
+                .as_ref()?
+                .first()?
+                .name
+                .clone();
+            let scheduled = job
+                .metadata
+                .annotations
+                .as_ref()?
+                .get("lockedjob.dev/scheduled-time")?
+                .parse::<jiff::Timestamp>()
+                .ok()?;
+            let created = job.metadata.creation_timestamp.as_ref()?.0.as_second();
+            Some((
+                owner,
+                scheduled.as_second(),
+                created - scheduled.as_second(),
+            ))
+        })
+        .collect();
+    let runs = read_journal(&journal);
+    let logs = logs_of(&replicas);
+    check(&runs).unwrap_or_else(|e| panic!("{e}\n{logs}"));
+
+    // Due times with room on both sides: after every object existed (plus a moment for the
+    // watches to deliver them) and early enough to have started before the replicas stopped.
+    let first = (created.as_second() + 2 + PERIOD_S - 1) / PERIOD_S * PERIOD_S;
+    let last = stopped.as_second() - 5;
+    let due: Vec<i64> = (first..=last).step_by(PERIOD_S as usize).collect();
+    assert!(!due.is_empty(), "the window holds a due time");
+    let mut missing = Vec::new();
+    let mut twice = Vec::new();
+    for i in 0..COUNT {
+        let name = format!("many-{i:03}");
+        for t in &due {
+            match started
+                .iter()
+                .filter(|(o, s, _)| *o == name && s == t)
+                .count()
+            {
+                0 => missing.push(format!("{name}@{t}")),
+                1 => {}
+                n => twice.push(format!("{name}@{t} x{n}")),
+            }
+        }
+    }
+    let mut lags: Vec<i64> = started.iter().map(|(_, _, lag)| *lag).collect();
+    lags.sort_unstable();
+    println!(
+        "{} Jobs created; lag (s, creationTimestamp - scheduled): p50 {:?} p99 {:?} max {:?}",
+        started.len(),
+        lags.get(lags.len() / 2),
+        lags.get(lags.len() * 99 / 100),
+        lags.last()
+    );
+    assert!(twice.is_empty(), "a due time ran twice: {twice:?}");
+    assert!(
+        missing.is_empty(),
+        "{} of {} due runs missing (first: {:?}); {} Jobs created, {} runs journaled",
+        missing.len(),
+        COUNT * due.len(),
+        missing.iter().take(5).collect::<Vec<_>>(),
+        started.len(),
+        runs.len()
+    );
+    println!(
+        "{} LockedJobs x {} due times each ran once ({} runs journaled)",
+        COUNT,
+        due.len(),
+        runs.len()
+    );
+}

@@ -17,7 +17,7 @@ use kube::runtime::controller::Controller;
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::watcher;
 use kube::{Api, Client};
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -64,6 +64,12 @@ pub struct Context {
     pub supervised: Mutex<HashSet<(String, String)>>,
     /// Runs being started, by (namespace, LockedJob, scheduled time), so a run starts once.
     pub starting: Mutex<HashSet<(String, String, i64)>>,
+    /// Scheduled times this replica will not try to start again before an instant: ones that
+    /// ran (here or elsewhere), and ones another runner holds the lock for.
+    pub settled: Cooldowns<(String, String, i64)>,
+    /// When this replica last asked Redis who holds the lock of an active Job it does not
+    /// supervise, by (namespace, Job name): see [`orphan_check_due`].
+    pub orphan_checks: Mutex<HashMap<(String, String), std::time::Instant>>,
     /// Redis nodes that answered the last probe.
     pub reachable: AtomicUsize,
     /// Cancelled on SIGTERM: no new runs; running ones are handed over.
@@ -116,6 +122,8 @@ pub async fn run(args: OperatorArgs) -> i32 {
         recorder,
         supervised: Mutex::new(HashSet::new()),
         starting: Mutex::new(HashSet::new()),
+        orphan_checks: Mutex::new(HashMap::new()),
+        settled: Cooldowns::default(),
         reachable: AtomicUsize::new(0),
         shutdown: CancellationToken::new(),
         synced: AtomicBool::new(false),
@@ -191,6 +199,68 @@ pub async fn run(args: OperatorArgs) -> i32 {
     0
 }
 
+/// Keys with an instant before which they are not acted on again. Every Job event reconciles
+/// its LockedJob on every replica; without this, the replicas that lost the race for a time
+/// tried again at each event, costing Redis rounds for nothing.
+pub struct Cooldowns<K> {
+    until: Mutex<HashMap<K, std::time::Instant>>,
+}
+
+impl<K> Default for Cooldowns<K> {
+    fn default() -> Self {
+        Self {
+            until: Mutex::new(HashMap::new()),
+        }
+    }
+}
+
+impl<K: Eq + std::hash::Hash> Cooldowns<K> {
+    pub fn set(&self, key: K, until: std::time::Instant) {
+        if let Ok(mut map) = self.until.lock() {
+            map.insert(key, until);
+        }
+    }
+
+    /// Whether `key` is still cooling down at `now`; forgets keys whose time has passed.
+    pub fn holds(&self, key: &K, now: std::time::Instant) -> bool {
+        let Ok(mut map) = self.until.lock() else {
+            return false;
+        };
+        map.retain(|_, until| *until > now);
+        map.contains_key(key)
+    }
+}
+
+/// Whether an active Job this replica does not supervise is due for an orphan check, and if so
+/// records the check. Every Job status change reconciles its LockedJob on every replica; asking
+/// Redis each time cost ~100 GETs per run with 3 replicas. A dead holder's lock only expires
+/// after the TTL, so checking once per `interval` (the renew interval), starting one interval
+/// after the Job is first seen, adopts at most one interval later, and a Job that finishes
+/// within an interval (most do) costs no check at all.
+pub fn orphan_check_due(
+    checks: &Mutex<HashMap<(String, String), std::time::Instant>>,
+    key: &(String, String),
+    now: std::time::Instant,
+    interval: Duration,
+) -> bool {
+    let Ok(mut checks) = checks.lock() else {
+        return true;
+    };
+    // Forget Jobs not checked for a long while (finished or deleted).
+    checks.retain(|_, last| now.saturating_duration_since(*last) < Duration::from_secs(600));
+    match checks.get(key) {
+        None => {
+            checks.insert(key.clone(), now);
+            false
+        }
+        Some(last) if now.saturating_duration_since(*last) < interval => false,
+        Some(_) => {
+            checks.insert(key.clone(), now);
+            true
+        }
+    }
+}
+
 async fn probe_redis(ctx: Arc<Context>) {
     loop {
         let reachable = ctx.engine.reachable_nodes().await;
@@ -215,4 +285,68 @@ async fn wait_for_shutdown(ctx: Arc<Context>) {
         "shutdown requested: no new runs; running Jobs are handed over to the other replicas"
     );
     ctx.shutdown.cancel();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Instant;
+
+    #[test]
+    fn cooldowns_hold_until_their_instant() {
+        let cooldowns = Cooldowns::default();
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        cooldowns.set("a", at(10));
+        cooldowns.set("b", at(5));
+        let table = [
+            ("a", 0, true, "a before its instant"),
+            ("b", 4, true, "b before its instant"),
+            ("c", 4, false, "never set"),
+            ("b", 5, false, "b at its instant"),
+            ("a", 9, true, "a still"),
+            ("a", 10, false, "a at its instant"),
+            ("a", 0, false, "a was forgotten once its time passed"),
+        ];
+        for (key, s, holds, what) in table {
+            assert_eq!(cooldowns.holds(&key, at(s)), holds, "{what}");
+        }
+        cooldowns.set("a", at(20));
+        assert!(cooldowns.holds(&"a", at(15)), "set again");
+    }
+
+    #[test]
+    fn orphan_checks_are_spaced_by_the_interval_per_job() {
+        let checks = Mutex::new(HashMap::new());
+        let a = ("ns".to_string(), "job-a".to_string());
+        let b = ("ns".to_string(), "job-b".to_string());
+        let t0 = Instant::now();
+        let interval = Duration::from_secs(10);
+        let table = [
+            (
+                &a,
+                0,
+                false,
+                "a first seen: its holder is most likely alive",
+            ),
+            (&a, 1, false, "a again within the interval"),
+            (&b, 1, false, "b first seen, independently of a"),
+            (&a, 9, false, "a still within the interval"),
+            (&a, 10, true, "a once an interval has passed"),
+            (&a, 15, false, "the interval counts from the last check"),
+            (&a, 20, true, "a again after another interval"),
+            (&b, 11, true, "b an interval after it was first seen"),
+            (
+                &b,
+                700,
+                false,
+                "b forgotten after a long pause: first seen again",
+            ),
+            (&b, 710, true, "b an interval after that"),
+        ];
+        for (key, at, due, what) in table {
+            let now = t0 + Duration::from_secs(at);
+            assert_eq!(orphan_check_due(&checks, key, now, interval), due, "{what}");
+        }
+    }
 }

@@ -151,7 +151,15 @@ async fn reconcile_inner(
             .lock()
             .map(|s| s.contains(&(namespace.clone(), job.name_any())))
             .unwrap_or(true);
-        if !supervised {
+        let key = (namespace.clone(), job.name_any());
+        if !supervised
+            && super::orphan_check_due(
+                &ctx.orphan_checks,
+                &key,
+                std::time::Instant::now(),
+                valid.timing.renew_interval,
+            )
+        {
             tokio::spawn(run::check_orphan(
                 Arc::clone(&ctx),
                 Arc::clone(&lj),

@@ -16,7 +16,7 @@ use kube::{Resource, ResourceExt};
 use serde_json::json;
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tracing::Instrument;
 
 /// API calls made while a lease runs out must not outlast it (kube retries 503s for minutes).
@@ -163,16 +163,43 @@ pub async fn start(
     if !claim(&ctx.starting, &key) {
         return;
     }
+    if ctx.settled.holds(&key, Instant::now()) {
+        unclaim(&ctx.starting, &key);
+        return;
+    }
+    let ttl = valid.timing.ttl;
     let span = tracing::info_span!("run", namespace = %namespace, name = %lj.name_any(), lock = %valid.lock_name, scheduled = %scheduled, token = tracing::field::Empty);
     let started = start_inner(Arc::clone(&ctx), Arc::clone(&lj), valid, scheduled, replace)
         .instrument(span.clone())
         .await;
     unclaim(&ctx.starting, &key);
-    if let Some((lease, job_name, timing)) = started {
-        supervise(ctx, lj, job_name, lease, timing, scheduled)
-            .instrument(span)
-            .await;
+    match started {
+        Ok((lease, job_name, timing)) => {
+            ctx.settled.set(key.clone(), Instant::now() + SETTLED);
+            supervise(ctx, lj, job_name, lease, timing, scheduled)
+                .instrument(span)
+                .await;
+        }
+        // Someone holds the lock for this time: it runs there. Try again only once their
+        // lease could have expired (they may have died before creating the Job).
+        Err(NotStarted::Contended) => ctx.settled.set(key, Instant::now() + ttl),
+        Err(NotStarted::AlreadyRan) => ctx.settled.set(key, Instant::now() + SETTLED),
+        // No quorum, API trouble: the next reconcile tries again.
+        Err(NotStarted::Failed) => {}
     }
+}
+
+/// How long a scheduled time that ran (here or elsewhere) is not tried again by this replica.
+const SETTLED: Duration = Duration::from_secs(600);
+
+/// Why this replica did not start a run.
+enum NotStarted {
+    /// Another runner holds the lock.
+    Contended,
+    /// The lock's progress register says this time already ran.
+    AlreadyRan,
+    /// No quorum, API errors, shutting down.
+    Failed,
 }
 
 async fn start_inner(
@@ -181,9 +208,9 @@ async fn start_inner(
     valid: ValidSpec,
     scheduled: Timestamp,
     replace: Vec<String>,
-) -> Option<(Lease, String, LeaseTiming)> {
+) -> Result<(Lease, String, LeaseTiming), NotStarted> {
     if ctx.shutdown.is_cancelled() {
-        return None;
+        return Err(NotStarted::Failed);
     }
     let namespace = lj.namespace().unwrap_or_default();
     let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), &namespace);
@@ -195,11 +222,11 @@ async fn start_inner(
         Ok(lease) => lease,
         Err(e) if e.is_contended() => {
             tracing::debug!("another runner holds the lock for this run");
-            return None;
+            return Err(NotStarted::Contended);
         }
         Err(e) => {
             tracing::warn!(error = %e, "lock not acquired; the run waits for the next attempt");
-            return None;
+            return Err(NotStarted::Failed);
         }
     };
     tracing::Span::current().record("token", lease.token());
@@ -215,13 +242,13 @@ async fn start_inner(
                 json!({"lastScheduleTime": scheduled.to_string()}),
             )
             .await;
-            return None;
+            return Err(NotStarted::AlreadyRan);
         }
         Ok(_) => {}
         Err(e) => {
             tracing::warn!(error = %e, "cannot read the lock's progress; giving the run up");
             ctx.engine.release(&lease).await;
-            return None;
+            return Err(NotStarted::Failed);
         }
     }
     event(
@@ -248,7 +275,7 @@ async fn start_inner(
     if let Err(e) = ctx.engine.record_progress(&lease, scheduled_ms).await {
         tracing::warn!(error = %e, "cannot record the run under the lock; giving it up");
         ctx.engine.release(&lease).await;
-        return None;
+        return Err(NotStarted::Failed);
     }
     let job_name = crate::schedule::job_name(
         &lj.name_any(),
@@ -308,7 +335,7 @@ async fn start_inner(
             )
             .await;
             ctx.engine.release(&lease).await;
-            return None;
+            return Err(NotStarted::Failed);
         }
         Err(_) => {
             tracing::warn!("Job create timed out; supervising in case it landed");
@@ -323,7 +350,7 @@ async fn start_inner(
         }),
     )
     .await;
-    Some((lease, job_name, valid.timing))
+    Ok((lease, job_name, valid.timing))
 }
 
 /// How supervision ended.
@@ -495,6 +522,15 @@ pub async fn check_orphan(ctx: Arc<Context>, lj: Arc<LockedJob>, valid: ValidSpe
             }
             None => match ctx.engine.try_acquire(&valid.lock_name, valid.timing.ttl).await {
                 Ok(lease) => {
+                    // Our view of the Job may be stale: its holder may have seen it finish and
+                    // released the lock a moment ago. Adopt only a Job that still runs.
+                    let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), &namespace);
+                    let fresh = bounded(API_CALL_LIMIT, jobs.get_opt(&job_name)).await;
+                    if !matches!(&fresh, Some(Some(job)) if job_state(job) == JobState::Active && job.metadata.deletion_timestamp.is_none()) {
+                        tracing::debug!("the Job finished meanwhile: nothing to adopt");
+                        ctx.engine.release(&lease).await;
+                        return None;
+                    }
                     tracing::Span::current().record("token", lease.token());
                     tracing::info!("holder gone: lock acquired afresh, adopting the Job");
                     event(&ctx, &lj, false, "Adopted", format!("Job {job_name} adopted by {} with token {}", lease.holder(), lease.token())).await;

@@ -184,18 +184,23 @@ impl Redlock {
         let mut failures = phase1.failures;
         let mut held = 0;
         let mut fences = Vec::with_capacity(phase1.replies.len());
+        let mut refused = vec![false; self.inner.nodes.len()];
         for (index, (set, fence)) in phase1.replies {
             if set.is_some() {
                 fences.push(fence.unwrap_or(0));
             } else {
                 held += 1;
+                refused[index] = true;
                 failures.push(self.failure(index, NodeErrorKind::WrongValue));
             }
         }
         let nodes = self.inner.nodes.len();
         let quorum = self.inner.quorum;
         if fences.len() < quorum {
-            self.release_value(&lock_key, &value).await;
+            // A node whose SET NX answered nil holds no value of ours (the value is new for
+            // this attempt), so it needs no delete; every other node does, including those
+            // that did not answer. With several contenders this halves a loser's traffic.
+            self.release_value_except(&lock_key, &value, &refused).await;
             let (lock, granted) = (name.to_string(), fences.len());
             return Err(if held > 0 {
                 LockError::Contended {
@@ -403,9 +408,17 @@ impl Redlock {
     /// Deletes `value` from every node, including those that said no or timed out: a SET may
     /// have landed even though its reply was lost.
     async fn release_value(&self, lock_key: &str, value: &str) -> usize {
+        self.release_value_except(lock_key, value, &[]).await
+    }
+
+    /// [`release_value`](Self::release_value), skipping the nodes marked in `skip` (indexed by
+    /// node; shorter means the rest are not skipped).
+    async fn release_value_except(&self, lock_key: &str, value: &str, skip: &[bool]) -> usize {
         let mut invocation = scripts::RELEASE.prepare_invoke();
         invocation.key(lock_key).arg(value);
-        let round = self.round::<i64>(Request::Script(&invocation), None).await;
+        let round = self
+            .round_except::<i64>(Request::Script(&invocation), None, skip)
+            .await;
         round.replies.iter().filter(|(_, n)| *n == 1).count()
     }
 
@@ -450,19 +463,33 @@ impl Redlock {
         request: Request<'_>,
         limit: Option<Duration>,
     ) -> Round<T> {
+        self.round_except(request, limit, &[]).await
+    }
+
+    /// [`round`](Self::round) on every node not marked in `skip`.
+    async fn round_except<T: FromRedisValue + Send>(
+        &self,
+        request: Request<'_>,
+        limit: Option<Duration>,
+        skip: &[bool],
+    ) -> Round<T> {
         let limit = limit.unwrap_or(self.inner.config.request_timeout);
-        let results: Vec<Result<T, NodeErrorKind>> = if self.inner.parallel {
-            join_all(
-                self.inner
-                    .nodes
-                    .iter()
-                    .map(|node| node.run_within::<T>(request, limit)),
-            )
+        let targets: Vec<(usize, &Node)> = self
+            .inner
+            .nodes
+            .iter()
+            .enumerate()
+            .filter(|(index, _)| !skip.get(*index).copied().unwrap_or(false))
+            .collect();
+        let results: Vec<(usize, Result<T, NodeErrorKind>)> = if self.inner.parallel {
+            join_all(targets.iter().map(|(index, node)| async move {
+                (*index, node.run_within::<T>(request, limit).await)
+            }))
             .await
         } else {
-            let mut results = Vec::with_capacity(self.inner.nodes.len());
-            for node in &self.inner.nodes {
-                results.push(node.run_within::<T>(request, limit).await);
+            let mut results = Vec::with_capacity(targets.len());
+            for (index, node) in &targets {
+                results.push((*index, node.run_within::<T>(request, limit).await));
             }
             results
         };
@@ -470,7 +497,7 @@ impl Redlock {
             replies: Vec::with_capacity(results.len()),
             failures: Vec::new(),
         };
-        for (index, result) in results.into_iter().enumerate() {
+        for (index, result) in results {
             match result {
                 Ok(value) => round.replies.push((index, value)),
                 Err(kind) => round.failures.push(self.failure(index, kind)),

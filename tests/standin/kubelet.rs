@@ -42,6 +42,13 @@ fn has_condition(job: &Value, kind: &str) -> bool {
     })
 }
 
+/// Nothing left for the Job controller to do: deleting, complete or failed.
+fn job_is_done(job: &Value) -> bool {
+    job["metadata"].get("deletionTimestamp").is_some()
+        || has_condition(job, "Complete")
+        || has_condition(job, "Failed")
+}
+
 fn owned_by(object: &Value, uid: &str) -> bool {
     object["metadata"]["ownerReferences"]
         .as_array()
@@ -100,10 +107,16 @@ impl Kubelet {
     }
 
     fn resync(&self) {
-        for (key, _) in self.state.store.all_of(self.jobs) {
+        for (key, _) in self.state.store.select(self.jobs, |job| !job_is_done(job)) {
             self.reconcile_job(&key);
         }
-        for (key, pod) in self.state.store.all_of(self.pods) {
+        for (key, pod) in self.state.store.select(self.pods, |pod| {
+            pod["metadata"].get("deletionTimestamp").is_some()
+                || !matches!(
+                    pod["status"]["phase"].as_str(),
+                    Some("Succeeded" | "Failed")
+                )
+        }) {
             self.reconcile_pod(&key, &pod);
         }
     }
@@ -124,20 +137,16 @@ impl Kubelet {
         let Ok(job) = self.state.store.get(key) else {
             return;
         };
-        if job["metadata"].get("deletionTimestamp").is_some()
-            || has_condition(&job, "Complete")
-            || has_condition(&job, "Failed")
-        {
+        if job_is_done(&job) {
             return;
         }
         let uid = job["metadata"]["uid"].as_str().unwrap_or("").to_string();
         let pods: Vec<Value> = self
             .state
             .store
-            .all_of(self.pods)
+            .select(self.pods, |p| owned_by(p, &uid))
             .into_iter()
             .map(|(_, p)| p)
-            .filter(|p| owned_by(p, &uid))
             .collect();
         let phase = |p: &Value| {
             p["status"]["phase"]

@@ -771,12 +771,15 @@ impl Store {
         self.commit(inner, key, object, EventType::Modified);
     }
 
-    /// All objects of one resource type (for the kubelet).
-    pub fn all_of(&self, resource: usize) -> Vec<(Key, Value)> {
+    /// The objects of one resource type that `keep` accepts (for the kubelet). Only those are
+    /// cloned: with thousands of finished Jobs and pods, cloning all of them on every pass
+    /// was what kept the stand-in's cores busy.
+    pub fn select(&self, resource: usize, keep: impl Fn(&Value) -> bool) -> Vec<(Key, Value)> {
         self.lock()
             .objects
-            .iter()
-            .filter(|((r, _, _), _)| *r == resource)
+            .range((resource, String::new(), String::new())..)
+            .take_while(|((r, _, _), _)| *r == resource)
+            .filter(|(_, v)| keep(v))
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect()
     }

@@ -1,0 +1,283 @@
+//! Operator benchmark: many LockedJobs, 3 replicas of the real `lockedjob operator` binary, an
+//! API-server stand-in and 5 real Redis nodes, all on this machine. Reports schedule lag (due
+//! time to Job created, from the replicas' own histogram), Redis commands per run (from every
+//! node's `INFO commandstats`), and each replica's peak RSS.
+//!
+//! `cargo bench --bench operator` runs 1,000 LockedJobs on a 10-second schedule for 60 s.
+//! `BENCH_LOCKEDJOBS` and `BENCH_SECONDS` change that; under `cargo test` it runs a small smoke
+//! pass so that it cannot rot.
+
+#[path = "../tests/standin/mod.rs"]
+mod standin;
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+use kube::api::{Api, PostParams};
+use lockedjob::api::LockedJob;
+use serde_json::json;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+use support::{Persistence, RedisNodes};
+
+const REPLICAS: usize = 3;
+const NODES: usize = 5;
+const PERIOD_S: u64 = 10;
+const TTL_S: u64 = 30;
+
+struct Replica {
+    child: Child,
+    metrics: String,
+}
+
+impl Drop for Replica {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn env_or(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// Calls over every command but INFO (the benchmark's own reads) and those in `except`.
+fn redis_calls(nodes: &RedisNodes, except: &[&str]) -> u64 {
+    (0..nodes.len())
+        .map(|i| {
+            let stats: String = nodes[i].query(&["INFO", "commandstats"]);
+            stats
+                .lines()
+                .filter_map(|l| l.strip_prefix("cmdstat_"))
+                .filter(|l| {
+                    let name = l.split(':').next().unwrap_or_default();
+                    name != "info" && !except.contains(&name)
+                })
+                .filter_map(|l| {
+                    l.split(':')
+                        .nth(1)?
+                        .split(',')
+                        .find_map(|kv| kv.strip_prefix("calls="))?
+                        .parse::<u64>()
+                        .ok()
+                })
+                .sum::<u64>()
+        })
+        .sum()
+}
+
+/// Calls per command, summed over the nodes.
+fn calls_by_command(nodes: &RedisNodes) -> std::collections::BTreeMap<String, u64> {
+    let mut out = std::collections::BTreeMap::new();
+    for i in 0..nodes.len() {
+        let stats: String = nodes[i].query(&["INFO", "commandstats"]);
+        for line in stats.lines().filter_map(|l| l.strip_prefix("cmdstat_")) {
+            let Some((name, rest)) = line.split_once(':') else {
+                continue;
+            };
+            let calls = rest
+                .split(',')
+                .find_map(|kv| kv.strip_prefix("calls="))
+                .and_then(|c| c.parse::<u64>().ok())
+                .unwrap_or(0);
+            *out.entry(name.to_string()).or_insert(0) += calls;
+        }
+    }
+    out
+}
+
+fn scrape(addr: &str) -> String {
+    use std::io::{Read, Write};
+    let Ok(mut stream) = std::net::TcpStream::connect(addr) else {
+        return String::new();
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
+    let _ = write!(stream, "GET /metrics HTTP/1.1\r\nhost: x\r\n\r\n");
+    let mut body = String::new();
+    let _ = stream.read_to_string(&mut body);
+    body
+}
+
+/// Merged histogram buckets (upper bound in seconds, cumulative count) over all replicas.
+fn lag_buckets(bodies: &[String]) -> Vec<(f64, u64)> {
+    let mut buckets: Vec<(f64, u64)> = Vec::new();
+    for body in bodies {
+        for line in body.lines() {
+            let Some(rest) = line.strip_prefix("lockedjob_schedule_lag_seconds_bucket{le=\"")
+            else {
+                continue;
+            };
+            let Some((le, count)) = rest.split_once("\"} ") else {
+                continue;
+            };
+            let le = if le == "+Inf" {
+                f64::INFINITY
+            } else {
+                le.parse().unwrap_or(f64::INFINITY)
+            };
+            let count: u64 = count.trim().parse().unwrap_or(0);
+            match buckets.iter_mut().find(|(b, _)| *b == le) {
+                Some(slot) => slot.1 += count,
+                None => buckets.push((le, count)),
+            }
+        }
+    }
+    buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+    buckets
+}
+
+fn quantile(buckets: &[(f64, u64)], q: f64) -> f64 {
+    let total = buckets.last().map(|b| b.1).unwrap_or(0);
+    let rank = (total as f64 * q).ceil() as u64;
+    buckets
+        .iter()
+        .find(|(_, count)| *count >= rank.max(1))
+        .map(|(le, _)| *le)
+        .unwrap_or(f64::NAN)
+}
+
+fn peak_rss_mib(pid: u32) -> f64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        .map(|kb| kb / 1024.0)
+        .unwrap_or(f64::NAN)
+}
+
+fn locked_job(name: &str) -> LockedJob {
+    serde_json::from_value(json!({
+        "apiVersion": "lockedjob.dev/v1alpha1", "kind": "LockedJob",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"schedule": format!("*/{PERIOD_S} * * * * *"), "successfulJobsHistoryLimit": 1,
+            "lock": {"ttlSeconds": TTL_S},
+            "jobTemplate": {"spec": {"backoffLimit": 0, "template": {"spec": {
+                "restartPolicy": "Never", "terminationGracePeriodSeconds": 1,
+                "containers": [{"name": "main", "image": "busybox", "command": ["true"]}]}}}}}
+    }))
+    .expect("locked job")
+}
+
+async fn bench(lockedjobs: u64, seconds: u64) {
+    let nodes = RedisNodes::start(NODES, Persistence::AppendFsyncAlways);
+    let server = standin::ApiServer::start();
+    let replicas: Vec<Replica> = (0..REPLICAS)
+        .map(|i| {
+            let metrics = format!("127.0.0.1:{}", support::free_port());
+            let child = Command::new(env!("CARGO_BIN_EXE_lockedjob"))
+                .arg("operator")
+                .args(["--redis", &nodes.urls().join(",")])
+                .args(["--cluster-id", "bench", "--runner-name", &format!("r{i}")])
+                .args(["--metrics-addr", &metrics])
+                .env("KUBECONFIG", server.write_kubeconfig(&format!("r{i}")))
+                .env("RUST_LOG", "warn")
+                .env_remove("LOCKEDJOB_REDIS_URLS")
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("start operator");
+            Replica { child, metrics }
+        })
+        .collect();
+    let api: Api<LockedJob> = Api::namespaced(server.client().await, "default");
+    for i in 0..lockedjobs {
+        api.create(
+            &PostParams::default(),
+            &locked_job(&format!("bench-{i:04}")),
+        )
+        .await
+        .expect("create LockedJob");
+    }
+    // Let every replica sync and the first due time pass before counting.
+    tokio::time::sleep(Duration::from_secs(PERIOD_S + 2)).await;
+    let lag_before = lag_buckets(
+        &replicas
+            .iter()
+            .map(|r| scrape(&r.metrics))
+            .collect::<Vec<_>>(),
+    );
+    let calls_before = redis_calls(&nodes, &[]);
+    let lock_calls_before = redis_calls(&nodes, &["ping"]);
+    let by_command_before = calls_by_command(&nodes);
+    tokio::time::sleep(Duration::from_secs(seconds)).await;
+    let calls_after = redis_calls(&nodes, &[]);
+    let lock_calls_after = redis_calls(&nodes, &["ping"]);
+    let by_command_after = calls_by_command(&nodes);
+    let bodies: Vec<String> = replicas.iter().map(|r| scrape(&r.metrics)).collect();
+    let lag_after = lag_buckets(&bodies);
+    // Only the runs created in the measured window.
+    let lag: Vec<(f64, u64)> = lag_after
+        .iter()
+        .map(|(le, n)| {
+            let before = lag_before
+                .iter()
+                .find(|(b, _)| b == le)
+                .map(|b| b.1)
+                .unwrap_or(0);
+            (*le, n.saturating_sub(before))
+        })
+        .collect();
+    let runs = lag.last().map(|b| b.1).unwrap_or(0);
+    let calls = calls_after.saturating_sub(calls_before);
+    let lock_calls = lock_calls_after.saturating_sub(lock_calls_before);
+    let rss: Vec<f64> = replicas
+        .iter()
+        .map(|r| peak_rss_mib(r.child.id()))
+        .collect();
+    let run_length_s = 0.0_f64; // `true` exits at once: the bound's renewal term is ~0
+    let bound = 3.0 * NODES as f64 + NODES as f64 * (run_length_s / (TTL_S as f64 / 3.0));
+    println!(
+        "operator bench: {lockedjobs} LockedJobs every {PERIOD_S}s, {REPLICAS} replicas, {NODES} Redis nodes, {seconds}s measured"
+    );
+    println!("| measure | value | target |");
+    println!("|---|---|---|");
+    println!(
+        "| runs in the window | {runs} | {} due |",
+        lockedjobs * seconds / PERIOD_S
+    );
+    println!(
+        "| schedule lag p50 (histogram bucket bound) | <= {:.3} s | |",
+        quantile(&lag, 0.50)
+    );
+    println!(
+        "| schedule lag p99 (histogram bucket bound) | <= {:.3} s | <= 0.5 s |",
+        quantile(&lag, 0.99)
+    );
+    println!(
+        "| Redis commands per run, lock traffic (all replicas, all nodes) | {:.1} | <= {bound:.0} |",
+        lock_calls as f64 / runs.max(1) as f64
+    );
+    println!(
+        "| Redis commands per run, with the replicas' PING health probes | {:.1} | |",
+        calls as f64 / runs.max(1) as f64
+    );
+    for (i, mib) in rss.iter().enumerate() {
+        println!("| replica r{i} peak RSS | {mib:.1} MiB | <= 64 MiB |");
+    }
+    let breakdown: Vec<String> = by_command_after
+        .iter()
+        .map(|(name, n)| {
+            let delta = n.saturating_sub(by_command_before.get(name).copied().unwrap_or(0));
+            format!("{name} {:.1}", delta as f64 / runs.max(1) as f64)
+        })
+        .collect();
+    println!("Redis calls per run by command: {}", breakdown.join(", "));
+    assert!(runs > 0, "no run was created in the window");
+}
+
+fn main() {
+    let smoke = !std::env::args().any(|a| a == "--bench");
+    let (lockedjobs, seconds) = if smoke {
+        (env_or("BENCH_LOCKEDJOBS", 20), env_or("BENCH_SECONDS", 11))
+    } else {
+        (
+            env_or("BENCH_LOCKEDJOBS", 1000),
+            env_or("BENCH_SECONDS", 60),
+        )
+    };
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    runtime.block_on(bench(lockedjobs, seconds));
+}
