@@ -100,6 +100,20 @@ fn scrape(addr: &str) -> String {
     body
 }
 
+/// `lockedjob_redis_requests_total` by op, summed over the replicas' /metrics bodies.
+fn requests_by_op(bodies: &[String]) -> std::collections::BTreeMap<String, f64> {
+    let mut out = std::collections::BTreeMap::new();
+    for line in bodies.iter().flat_map(|b| b.lines()) {
+        let Some(rest) = line.strip_prefix("lockedjob_redis_requests_total{op=\"") else {
+            continue;
+        };
+        if let Some((op, n)) = rest.split_once("\"} ") {
+            *out.entry(op.to_string()).or_insert(0.0) += n.trim().parse::<f64>().unwrap_or(0.0);
+        }
+    }
+    out
+}
+
 /// Merged histogram buckets (upper bound in seconds, cumulative count) over all replicas.
 fn lag_buckets(bodies: &[String]) -> Vec<(f64, u64)> {
     let mut buckets: Vec<(f64, u64)> = Vec::new();
@@ -193,21 +207,23 @@ async fn bench(lockedjobs: u64, seconds: u64) {
     }
     // Let every replica sync and the first due time pass before counting.
     tokio::time::sleep(Duration::from_secs(PERIOD_S + 2)).await;
-    let lag_before = lag_buckets(
-        &replicas
-            .iter()
-            .map(|r| scrape(&r.metrics))
-            .collect::<Vec<_>>(),
-    );
+    let bodies_before: Vec<String> = replicas.iter().map(|r| scrape(&r.metrics)).collect();
+    let lag_before = lag_buckets(&bodies_before);
+    let requests_before = requests_by_op(&bodies_before);
     let calls_before = redis_calls(&nodes, &[]);
-    let lock_calls_before = redis_calls(&nodes, &["ping"]);
     let by_command_before = calls_by_command(&nodes);
     tokio::time::sleep(Duration::from_secs(seconds)).await;
     let calls_after = redis_calls(&nodes, &[]);
-    let lock_calls_after = redis_calls(&nodes, &["ping"]);
     let by_command_after = calls_by_command(&nodes);
     let bodies: Vec<String> = replicas.iter().map(|r| scrape(&r.metrics)).collect();
     let lag_after = lag_buckets(&bodies);
+    let requests: Vec<(String, f64)> = requests_by_op(&bodies)
+        .into_iter()
+        .map(|(op, n)| {
+            let before = requests_before.get(&op).copied().unwrap_or(0.0);
+            (op, n - before)
+        })
+        .collect();
     // Only the runs created in the measured window.
     let lag: Vec<(f64, u64)> = lag_after
         .iter()
@@ -222,7 +238,6 @@ async fn bench(lockedjobs: u64, seconds: u64) {
         .collect();
     let runs = lag.last().map(|b| b.1).unwrap_or(0);
     let calls = calls_after.saturating_sub(calls_before);
-    let lock_calls = lock_calls_after.saturating_sub(lock_calls_before);
     let rss: Vec<f64> = replicas
         .iter()
         .map(|r| peak_rss_mib(r.child.id()))
@@ -246,12 +261,24 @@ async fn bench(lockedjobs: u64, seconds: u64) {
         "| schedule lag p99 (histogram bucket bound) | <= {:.3} s | <= 0.5 s |",
         quantile(&lag, 0.99)
     );
+    let per_run = |ops: &[&str]| {
+        requests
+            .iter()
+            .filter(|(op, _)| ops.is_empty() || ops.contains(&op.as_str()))
+            .map(|(_, n)| n)
+            .sum::<f64>()
+            / runs.max(1) as f64
+    };
     println!(
-        "| Redis commands per run, lock traffic (all replicas, all nodes) | {:.1} | <= {bound:.0} |",
-        lock_calls as f64 / runs.max(1) as f64
+        "| Redis requests per run, lock traffic of all replicas (no probes) | {:.1} | <= {bound:.0} |",
+        per_run(&["acquire", "fence", "extend", "progress", "release", "holder"])
     );
     println!(
-        "| Redis commands per run, with the replicas' PING health probes | {:.1} | |",
+        "| Redis requests per run, with the readiness probes | {:.1} | |",
+        per_run(&[])
+    );
+    println!(
+        "| Redis commands per run as the nodes count them (script internals included) | {:.1} | |",
         calls as f64 / runs.max(1) as f64
     );
     for (i, mib) in rss.iter().enumerate() {
@@ -264,7 +291,30 @@ async fn bench(lockedjobs: u64, seconds: u64) {
             format!("{name} {:.1}", delta as f64 / runs.max(1) as f64)
         })
         .collect();
-    println!("Redis calls per run by command: {}", breakdown.join(", "));
+    println!(
+        "Redis calls per run by command (nodes' view): {}",
+        breakdown.join(", ")
+    );
+    let by_op: Vec<String> = requests
+        .iter()
+        .map(|(op, n)| format!("{op} {:.1}", n / runs.max(1) as f64))
+        .collect();
+    println!(
+        "Redis requests per run by op (client's view): {}",
+        by_op.join(", ")
+    );
+    let mut outcomes: std::collections::BTreeMap<String, f64> = Default::default();
+    for body in &bodies {
+        for line in body.lines() {
+            if let Some(rest) = line.strip_prefix("lockedjob_lock_acquisitions_total{") {
+                if let Some((labels, n)) = rest.split_once("} ") {
+                    *outcomes.entry(labels.to_string()).or_default() +=
+                        n.trim().parse::<f64>().unwrap_or(0.0);
+                }
+            }
+        }
+    }
+    println!("lock acquisition attempts since start (all replicas): {outcomes:?}");
     assert!(runs > 0, "no run was created in the window");
 }
 

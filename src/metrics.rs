@@ -14,6 +14,8 @@ use std::time::Duration;
 pub enum Outcome {
     Acquired,
     Contended,
+    /// The lock was free, but the step asked for had already been started by a holder.
+    AlreadyDone,
     Failed,
 }
 
@@ -27,8 +29,14 @@ struct ResultLabel {
     result: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OpLabel {
+    op: String,
+}
+
 struct Metrics {
     registry: Registry,
+    redis_requests: Family<OpLabel, Counter>,
     acquisitions: Family<OutcomeLabel, Counter>,
     acquire_seconds: Histogram,
     renewals: Family<ResultLabel, Counter>,
@@ -41,6 +49,12 @@ struct Metrics {
 
 static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
     let mut registry = Registry::with_prefix("lockedjob");
+    let redis_requests = Family::<OpLabel, Counter>::default();
+    registry.register(
+        "redis_requests",
+        "Requests sent to Redis nodes (one per node per round), by what they were for",
+        redis_requests.clone(),
+    );
     let acquisitions = Family::<OutcomeLabel, Counter>::default();
     registry.register(
         "lock_acquisitions",
@@ -83,6 +97,7 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
     );
     Metrics {
         registry,
+        redis_requests,
         acquisitions,
         acquire_seconds,
         renewals,
@@ -116,6 +131,14 @@ pub fn record_release() {
 
 pub fn record_lease_lost() {
     METRICS.lease_losses.inc();
+}
+
+/// `nodes` requests sent for `op` (acquire, fence, extend, progress, release, holder, probe).
+pub fn record_redis_requests(op: &'static str, nodes: usize) {
+    METRICS
+        .redis_requests
+        .get_or_create(&OpLabel { op: op.to_string() })
+        .inc_by(nodes as u64);
 }
 
 pub fn set_nodes_reachable(nodes: usize) {

@@ -383,3 +383,72 @@ fn unreachable_nodes_are_an_error_not_a_hang_or_panic() {
         );
     });
 }
+
+/// A step (the operator's scheduled time) runs once across holders: the progress register is
+/// read in phase 1 and raised in phase 2, on a quorum, so a later holder sees it even with a
+/// node down, and a loser's refused nodes keep no value of its attempt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_step_is_started_once_across_holders_even_with_a_node_down() {
+    let mut nodes = RedisNodes::start(5, Persistence::None);
+    let a = engine(nodes.urls(), "test/a");
+    let b = engine(nodes.urls(), "test/b");
+    let ttl = 10 * SECOND;
+
+    let lease = a
+        .try_acquire_step("sweep", ttl, 100)
+        .await
+        .expect("a starts step 100");
+    // b loses the race; the nodes that refused it hold nothing of b's.
+    let err = b
+        .try_acquire_step("sweep", ttl, 100)
+        .await
+        .expect_err("b refused");
+    assert!(err.is_contended(), "{err}");
+    assert_eq!(
+        (0..5)
+            .filter(|i| nodes[*i].get("lockedjob:lock:sweep").as_deref() == Some(lease.value()))
+            .count(),
+        5,
+        "a still holds every node"
+    );
+    a.release(&lease).await;
+    assert_eq!(
+        (0..5)
+            .filter(|i| nodes[*i].get("lockedjob:progress:sweep").as_deref() == Some("100"))
+            .count(),
+        5,
+        "progress recorded with the fence"
+    );
+
+    // Two nodes down (a minority); the step is still seen as started.
+    blocking(|| {
+        nodes.nodes[0].kill9();
+        nodes.nodes[1].kill9();
+    });
+    for step in [100, 99] {
+        match b.try_acquire_step("sweep", ttl, step).await {
+            Err(LockError::StepDone { step: s, done, .. }) => {
+                assert_eq!((s, done), (step, 100));
+            }
+            other => panic!("step {step} must be reported done, got {other:?}"),
+        }
+    }
+    assert_eq!(
+        nodes.count_key("lockedjob:lock:sweep"),
+        0,
+        "a StepDone attempt leaves no lock behind"
+    );
+    let next = b
+        .try_acquire_step("sweep", ttl, 101)
+        .await
+        .expect("b starts step 101");
+    assert!(next.token() > lease.token(), "tokens grow across steps");
+    b.release(&next).await;
+    // try_acquire (no step) neither reads nor moves the register.
+    let plain = a.try_acquire("sweep", ttl).await.expect("plain acquire");
+    a.release(&plain).await;
+    assert_eq!(
+        nodes[2].get("lockedjob:progress:sweep").as_deref(),
+        Some("101")
+    );
+}

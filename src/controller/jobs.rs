@@ -12,6 +12,8 @@ use kube::{Resource, ResourceExt};
 
 /// Label on every Job the operator creates: which LockedJob it belongs to.
 pub const LABEL_LOCKED_JOB: &str = "lockedjob.dev/locked-job";
+/// Label on Jobs started by the `lockedjob.dev/run-now` annotation rather than the schedule.
+pub const LABEL_MANUAL: &str = "lockedjob.dev/manual";
 
 /// What a run's Job carries.
 #[derive(Debug, Clone)]
@@ -22,6 +24,8 @@ pub struct RunIdentity<'a> {
     pub lock_value: &'a str,
     pub holder: &'a str,
     pub token: u64,
+    /// Started by `lockedjob.dev/run-now`: labelled so, and not counted as a scheduled time.
+    pub manual: bool,
 }
 
 /// The Job for one run: the template, plus owner reference, label, the DESIGN.md annotations,
@@ -33,6 +37,9 @@ pub fn build_job(locked_job: &LockedJob, run: &RunIdentity<'_>) -> Job {
     let scheduled = run.scheduled.to_string();
     let mut labels = metadata.labels.take().unwrap_or_default();
     labels.insert(LABEL_LOCKED_JOB.into(), locked_job.name_any());
+    if run.manual {
+        labels.insert(LABEL_MANUAL.into(), "true".into());
+    }
     let mut annotations = metadata.annotations.take().unwrap_or_default();
     annotations.insert(ANNOTATION_FENCING_TOKEN.into(), run.token.to_string());
     annotations.insert(ANNOTATION_LOCK_VALUE.into(), run.lock_value.into());
@@ -95,8 +102,12 @@ pub fn job_state(job: &Job) -> JobState {
     }
 }
 
-/// The scheduled time a Job was created for, from its annotation.
+/// The scheduled time a Job was created for, from its annotation; `None` for a manual run,
+/// which is no scheduled time.
 pub fn scheduled_time(job: &Job) -> Option<Timestamp> {
+    if job.labels().get(LABEL_MANUAL).is_some_and(|v| v == "true") {
+        return None;
+    }
     job.annotations()
         .get(ANNOTATION_SCHEDULED_TIME)?
         .parse()
@@ -154,6 +165,7 @@ mod tests {
             lock_value: "c/p/abc",
             holder: "c/p",
             token: 42,
+            manual: false,
         };
         let job = build_job(&locked_job(), &run);
         assert_eq!(job.name_any(), "report-29457600");

@@ -6,8 +6,8 @@ use super::jobs::{expired_history, job_state, scheduled_time, JobState, LABEL_LO
 use super::run::{self, event};
 use super::status::set_condition;
 use super::{Context, Error, FINALIZER};
-use crate::api::{conditions, describe, validate, LockedJob};
-use crate::schedule::{next_action, Decision, History, SkipReason, TOO_MANY_MISSED};
+use crate::api::{conditions, describe, validate, LockedJob, ANNOTATION_RUN_NOW};
+use crate::schedule::{next_action, parse_run_now, Decision, History, SkipReason, TOO_MANY_MISSED};
 use jiff::Timestamp;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::ObjectReference;
@@ -144,6 +144,26 @@ async fn reconcile_inner(
         }
     };
 
+    // A run requested with the run-now annotation (like `kubectl create job --from=cronjob/x`).
+    if let Some(value) = lj.annotations().get(ANNOTATION_RUN_NOW) {
+        match parse_run_now(value) {
+            Ok(requested) => {
+                tokio::spawn(run::start(
+                    Arc::clone(&ctx),
+                    Arc::clone(&lj),
+                    valid.clone(),
+                    requested,
+                    run::RunKind::Manual,
+                ));
+            }
+            Err(message) => {
+                tracing::warn!(%message, "invalid run-now request");
+                event(&ctx, &lj, true, "InvalidRunNow", message).await;
+                run::clear_run_now(&ctx, &lj, value).await;
+            }
+        }
+    }
+
     // Adopt or clean up active Jobs nobody here supervises (their holder may be gone).
     for job in &active {
         let supervised = ctx
@@ -208,7 +228,7 @@ async fn reconcile_inner(
                 Arc::clone(&lj),
                 valid.clone(),
                 *scheduled,
-                replace,
+                run::RunKind::Scheduled { replace },
             ));
             *next
         }

@@ -5,9 +5,9 @@
 use super::jobs::{build_job, job_state, JobState, RunIdentity};
 use super::status::set_condition;
 use super::{Context, MANAGER};
-use crate::api::{conditions, LockedJob, RunOutcome, RunRecord, ValidSpec};
+use crate::api::{conditions, LockedJob, RunOutcome, RunRecord, ValidSpec, ANNOTATION_RUN_NOW};
 use crate::metrics;
-use crate::redlock::{Lease, LeaseTiming, Watchdog};
+use crate::redlock::{Lease, LeaseTiming, LockError, Watchdog};
 use jiff::Timestamp;
 use k8s_openapi::api::batch::v1::Job;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
@@ -150,16 +150,37 @@ fn unclaim<K: Eq + std::hash::Hash>(set: &Mutex<HashSet<K>>, key: &K) {
     }
 }
 
+/// What starts a run.
+#[derive(Debug, Clone)]
+pub enum RunKind {
+    /// A due scheduled time; `replace` names active Jobs to stop first (concurrencyPolicy
+    /// Replace).
+    Scheduled { replace: Vec<String> },
+    /// The `lockedjob.dev/run-now` annotation, requested for the time it holds. Like
+    /// `kubectl create job --from=cronjob/x`: outside the schedule, so it neither reads nor
+    /// advances the lock's progress register, nor `lastScheduleTime`.
+    Manual,
+}
+
 /// Tries to run `lj` for `scheduled`: only the replica that wins the lock goes on.
 pub async fn start(
     ctx: Arc<Context>,
     lj: Arc<LockedJob>,
     valid: ValidSpec,
     scheduled: Timestamp,
-    replace: Vec<String>,
+    kind: RunKind,
 ) {
     let namespace = lj.namespace().unwrap_or_default();
-    let key = (namespace.clone(), lj.name_any(), scheduled.as_second());
+    let manual = matches!(kind, RunKind::Manual);
+    let key = (
+        namespace.clone(),
+        if manual {
+            format!("{}#run-now", lj.name_any())
+        } else {
+            lj.name_any()
+        },
+        scheduled.as_second(),
+    );
     if !claim(&ctx.starting, &key) {
         return;
     }
@@ -168,8 +189,8 @@ pub async fn start(
         return;
     }
     let ttl = valid.timing.ttl;
-    let span = tracing::info_span!("run", namespace = %namespace, name = %lj.name_any(), lock = %valid.lock_name, scheduled = %scheduled, token = tracing::field::Empty);
-    let started = start_inner(Arc::clone(&ctx), Arc::clone(&lj), valid, scheduled, replace)
+    let span = tracing::info_span!("run", namespace = %namespace, name = %lj.name_any(), lock = %valid.lock_name, scheduled = %scheduled, manual, token = tracing::field::Empty);
+    let started = start_inner(Arc::clone(&ctx), Arc::clone(&lj), valid, scheduled, kind)
         .instrument(span.clone())
         .await;
     unclaim(&ctx.starting, &key);
@@ -207,35 +228,38 @@ async fn start_inner(
     lj: Arc<LockedJob>,
     valid: ValidSpec,
     scheduled: Timestamp,
-    replace: Vec<String>,
+    kind: RunKind,
 ) -> Result<(Lease, String, LeaseTiming), NotStarted> {
+    let (manual, replace) = match kind {
+        RunKind::Scheduled { replace } => (false, replace),
+        RunKind::Manual => (true, Vec::new()),
+    };
     if ctx.shutdown.is_cancelled() {
         return Err(NotStarted::Failed);
     }
     let namespace = lj.namespace().unwrap_or_default();
     let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), &namespace);
-    let lease = match ctx
-        .engine
-        .try_acquire(&valid.lock_name, valid.timing.ttl)
-        .await
-    {
+    // The scheduled time is the lock's progress step: the engine reads the progress register
+    // in phase 1 and records this time in phase 2, so a runner (another replica or cluster)
+    // that wins the lock after this time already started does not run it again.
+    let scheduled_ms = scheduled.as_millisecond().max(0) as u64;
+    let acquired = if manual {
+        ctx.engine
+            .try_acquire(&valid.lock_name, valid.timing.ttl)
+            .await
+    } else {
+        ctx.engine
+            .try_acquire_step(&valid.lock_name, valid.timing.ttl, scheduled_ms)
+            .await
+    };
+    let lease = match acquired {
         Ok(lease) => lease,
         Err(e) if e.is_contended() => {
             tracing::debug!("another runner holds the lock for this run");
             return Err(NotStarted::Contended);
         }
-        Err(e) => {
-            tracing::warn!(error = %e, "lock not acquired; the run waits for the next attempt");
-            return Err(NotStarted::Failed);
-        }
-    };
-    tracing::Span::current().record("token", lease.token());
-    let scheduled_ms = scheduled.as_millisecond().max(0) as u64;
-    // Under the lock: did a runner (another replica or cluster) already start this time?
-    match ctx.engine.progress(&lease).await {
-        Ok(done) if done >= scheduled_ms => {
+        Err(LockError::StepDone { .. }) => {
             tracing::info!("this scheduled time already ran elsewhere; not running it again");
-            ctx.engine.release(&lease).await;
             patch_status(
                 &ctx,
                 &lj,
@@ -244,13 +268,12 @@ async fn start_inner(
             .await;
             return Err(NotStarted::AlreadyRan);
         }
-        Ok(_) => {}
         Err(e) => {
-            tracing::warn!(error = %e, "cannot read the lock's progress; giving the run up");
-            ctx.engine.release(&lease).await;
+            tracing::warn!(error = %e, "lock not acquired; the run waits for the next attempt");
             return Err(NotStarted::Failed);
         }
-    }
+    };
+    tracing::Span::current().record("token", lease.token());
     event(
         &ctx,
         &lj,
@@ -272,16 +295,15 @@ async fn start_inner(
         )
         .await;
     }
-    if let Err(e) = ctx.engine.record_progress(&lease, scheduled_ms).await {
-        tracing::warn!(error = %e, "cannot record the run under the lock; giving it up");
-        ctx.engine.release(&lease).await;
-        return Err(NotStarted::Failed);
-    }
-    let job_name = crate::schedule::job_name(
-        &lj.name_any(),
-        scheduled,
-        valid.policy.schedule.has_seconds(),
-    );
+    let job_name = if manual {
+        crate::schedule::manual_job_name(&lj.name_any(), scheduled)
+    } else {
+        crate::schedule::job_name(
+            &lj.name_any(),
+            scheduled,
+            valid.policy.schedule.has_seconds(),
+        )
+    };
     let job = build_job(
         &lj,
         &RunIdentity {
@@ -291,6 +313,7 @@ async fn start_inner(
             lock_value: lease.value(),
             holder: lease.holder(),
             token: lease.token(),
+            manual,
         },
     );
     match tokio::time::timeout(
@@ -307,7 +330,9 @@ async fn start_inner(
     {
         Ok(Ok(_)) => {
             let lag = (Timestamp::now() - scheduled).get_milliseconds().max(0) as u64;
-            metrics::record_schedule_lag(Duration::from_millis(lag));
+            if !manual {
+                metrics::record_schedule_lag(Duration::from_millis(lag));
+            }
             tracing::info!(job = %job_name, lag_ms = lag, "Job created");
             event(
                 &ctx,
@@ -341,16 +366,44 @@ async fn start_inner(
             tracing::warn!("Job create timed out; supervising in case it landed");
         }
     }
-    patch_status(
-        &ctx,
-        &lj,
-        json!({
-            "lastScheduleTime": scheduled.to_string(),
-            "lastRun": record(&lease, &job_name, scheduled, RunOutcome::Running, None),
-        }),
+    let mut status =
+        json!({"lastRun": record(&lease, &job_name, scheduled, RunOutcome::Running, None)});
+    if manual {
+        // Done with the request: no replica may act on it again.
+        clear_run_now(&ctx, &lj, &scheduled.to_string()).await;
+    } else {
+        status["lastScheduleTime"] = json!(scheduled.to_string());
+    }
+    patch_status(&ctx, &lj, status).await;
+    Ok((lease, job_name, valid.timing))
+}
+
+/// Removes the `lockedjob.dev/run-now` annotation if it still holds `value` (a newer request
+/// written meanwhile stays).
+pub async fn clear_run_now(ctx: &Context, lj: &LockedJob, value: &str) {
+    let api: Api<LockedJob> =
+        Api::namespaced(ctx.client.clone(), &lj.namespace().unwrap_or_default());
+    // JSON pointer escaping of the annotation key: '/' is '~1'.
+    let path = format!(
+        "/metadata/annotations/{}",
+        ANNOTATION_RUN_NOW.replace('~', "~0").replace('/', "~1")
+    );
+    let patch = json!([
+        {"op": "test", "path": path, "value": value},
+        {"op": "remove", "path": path},
+    ]);
+    let Ok(patch) = serde_json::from_value::<json_patch::Patch>(patch) else {
+        return;
+    };
+    bounded(
+        API_CALL_LIMIT,
+        api.patch(
+            &lj.name_any(),
+            &PatchParams::default(),
+            &Patch::<()>::Json(patch),
+        ),
     )
     .await;
-    Ok((lease, job_name, valid.timing))
 }
 
 /// How supervision ended.

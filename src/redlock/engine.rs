@@ -98,7 +98,24 @@ impl Redlock {
     /// One attempt, no retries.
     pub async fn try_acquire(&self, name: &str, ttl: Duration) -> Result<Lease, LockError> {
         let started = Instant::now();
-        let result = self.attempt(name, ttl).await;
+        let result = self.attempt(name, ttl, None).await;
+        metrics::record_acquire(outcome_of(&result), started.elapsed());
+        result
+    }
+
+    /// One attempt to acquire the lock in order to start `step` (for example a scheduled time),
+    /// once across all holders. The lock's progress register is read in phase 1 and raised to
+    /// `step` in phase 2, in the same round trips as the lock and the fence: a lease comes back
+    /// only if no earlier holder started `step` or a later one, with `LockError::StepDone`
+    /// otherwise. Two quorums intersect, so a holder that raised the register is always seen.
+    pub async fn try_acquire_step(
+        &self,
+        name: &str,
+        ttl: Duration,
+        step: u64,
+    ) -> Result<Lease, LockError> {
+        let started = Instant::now();
+        let result = self.attempt(name, ttl, Some(step)).await;
         metrics::record_acquire(outcome_of(&result), started.elapsed());
         result
     }
@@ -143,7 +160,12 @@ impl Redlock {
         }
     }
 
-    async fn attempt(&self, name: &str, ttl: Duration) -> Result<Lease, LockError> {
+    async fn attempt(
+        &self,
+        name: &str,
+        ttl: Duration,
+        step: Option<u64>,
+    ) -> Result<Lease, LockError> {
         if name.is_empty() {
             return Err(ConfigError::EmptyLockName.into());
         }
@@ -156,6 +178,7 @@ impl Redlock {
         }
         let lock_key = self.lock_key(name);
         let fence_key = self.fence_key(name);
+        let progress_key = self.progress_key(name);
         let value = format!(
             "{}/{:032x}",
             self.inner.config.holder,
@@ -177,17 +200,25 @@ impl Redlock {
             .arg("PX")
             .arg(ttl_ms)
             .cmd("GET")
-            .arg(&fence_key);
+            .arg(&fence_key)
+            .cmd("GET")
+            .arg(&progress_key);
         let phase1 = self
-            .round::<(Option<String>, Option<u64>)>(Request::Pipeline(&grant), None)
+            .round::<(Option<String>, Option<u64>, Option<u64>)>(
+                "acquire",
+                Request::Pipeline(&grant),
+                None,
+            )
             .await;
         let mut failures = phase1.failures;
         let mut held = 0;
         let mut fences = Vec::with_capacity(phase1.replies.len());
+        let mut done = 0;
         let mut refused = vec![false; self.inner.nodes.len()];
-        for (index, (set, fence)) in phase1.replies {
+        for (index, (set, fence, progress)) in phase1.replies {
             if set.is_some() {
                 fences.push(fence.unwrap_or(0));
+                done = done.max(progress.unwrap_or(0));
             } else {
                 held += 1;
                 refused[index] = true;
@@ -221,6 +252,15 @@ impl Redlock {
             });
         }
 
+        if let Some(step) = step.filter(|step| done >= *step) {
+            self.release_value_except(&lock_key, &value, &refused).await;
+            return Err(LockError::StepDone {
+                lock: name.to_string(),
+                step,
+                done,
+            });
+        }
+
         // Phase 2: the token is above every fence a quorum reported; raise the fence to it on
         // every node. A node whose fence was already at or above the token saw another
         // acquisition issue it (a concurrent holder after a clock jump, or an attempt that
@@ -232,7 +272,12 @@ impl Redlock {
             rounds += 1;
             let mut raise = scripts::FENCE.prepare_invoke();
             raise.key(&fence_key).arg(token);
-            let phase2 = self.round::<i64>(Request::Script(&raise), None).await;
+            if let Some(step) = step {
+                raise.key(&progress_key).arg(step);
+            }
+            let phase2 = self
+                .round::<i64>("fence", Request::Script(&raise), None)
+                .await;
             let raised = phase2
                 .replies
                 .iter()
@@ -307,7 +352,7 @@ impl Redlock {
         let mut invocation = scripts::EXTEND.prepare_invoke();
         invocation.key(&lock_key).arg(&lease.value).arg(ttl_ms);
         let round = self
-            .round::<i64>(Request::Script(&invocation), Some(left))
+            .round::<i64>("extend", Request::Script(&invocation), Some(left))
             .await;
         let mut failures = round.failures;
         let mut extended = 0;
@@ -334,38 +379,6 @@ impl Redlock {
 
     pub fn progress_key(&self, name: &str) -> String {
         format!("{}:progress:{name}", self.inner.config.key_prefix)
-    }
-
-    /// The lock's progress register, read from a quorum while holding `lease`: the largest
-    /// value any holder recorded with [`record_progress`](Self::record_progress). A holder
-    /// writes it (e.g. the scheduled time it is running) before acting, so a later holder,
-    /// whose quorum intersects the writer's, sees it and does not act twice.
-    pub async fn progress(&self, lease: &Lease) -> Result<u64, LockError> {
-        let key = self.progress_key(&lease.name);
-        let mut invocation = scripts::GET.prepare_invoke();
-        invocation.key(&key);
-        let round = self
-            .round::<Option<String>>(Request::Script(&invocation), Some(lease.remaining()))
-            .await;
-        self.check_held(lease, round.replies.len(), round.failures)?;
-        Ok(round
-            .replies
-            .iter()
-            .filter_map(|(_, v)| v.as_deref().and_then(|v| v.parse::<u64>().ok()))
-            .max()
-            .unwrap_or(0))
-    }
-
-    /// Raises the lock's progress register to `value` on every node (a max-register, like the
-    /// fence); succeeds once a quorum acknowledged it within the lease.
-    pub async fn record_progress(&self, lease: &Lease, value: u64) -> Result<(), LockError> {
-        let key = self.progress_key(&lease.name);
-        let mut invocation = scripts::FENCE.prepare_invoke();
-        invocation.key(&key).arg(value);
-        let round = self
-            .round::<i64>(Request::Script(&invocation), Some(lease.remaining()))
-            .await;
-        self.check_held(lease, round.replies.len(), round.failures)
     }
 
     fn no_quorum(&self, lock: &str, granted: usize, failures: Vec<NodeFailure>) -> LockError {
@@ -417,7 +430,7 @@ impl Redlock {
         let mut invocation = scripts::RELEASE.prepare_invoke();
         invocation.key(lock_key).arg(value);
         let round = self
-            .round_except::<i64>(Request::Script(&invocation), None, skip)
+            .round_except::<i64>("release", Request::Script(&invocation), None, skip)
             .await;
         round.replies.iter().filter(|(_, n)| *n == 1).count()
     }
@@ -425,7 +438,9 @@ impl Redlock {
     /// How many nodes answer a trivial script now (readiness, degraded-mode reporting).
     pub async fn reachable_nodes(&self) -> usize {
         let invocation = scripts::PING.prepare_invoke();
-        let round = self.round::<i64>(Request::Script(&invocation), None).await;
+        let round = self
+            .round::<i64>("probe", Request::Script(&invocation), None)
+            .await;
         metrics::set_nodes_reachable(round.replies.len());
         round.replies.len()
     }
@@ -437,7 +452,7 @@ impl Redlock {
         let mut invocation = scripts::GET.prepare_invoke();
         invocation.key(&lock_key);
         let round = self
-            .round::<Option<String>>(Request::Script(&invocation), None)
+            .round::<Option<String>>("holder", Request::Script(&invocation), None)
             .await;
         let mut counts: Vec<(String, usize)> = Vec::new();
         for value in round.replies.into_iter().filter_map(|(_, v)| v) {
@@ -460,15 +475,17 @@ impl Redlock {
     /// by the request timeout and by `limit`.
     async fn round<T: FromRedisValue + Send>(
         &self,
+        op: &'static str,
         request: Request<'_>,
         limit: Option<Duration>,
     ) -> Round<T> {
-        self.round_except(request, limit, &[]).await
+        self.round_except(op, request, limit, &[]).await
     }
 
     /// [`round`](Self::round) on every node not marked in `skip`.
     async fn round_except<T: FromRedisValue + Send>(
         &self,
+        op: &'static str,
         request: Request<'_>,
         limit: Option<Duration>,
         skip: &[bool],
@@ -481,6 +498,7 @@ impl Redlock {
             .enumerate()
             .filter(|(index, _)| !skip.get(*index).copied().unwrap_or(false))
             .collect();
+        metrics::record_redis_requests(op, targets.len());
         let results: Vec<(usize, Result<T, NodeErrorKind>)> = if self.inner.parallel {
             join_all(targets.iter().map(|(index, node)| async move {
                 (*index, node.run_within::<T>(request, limit).await)
@@ -518,6 +536,7 @@ fn outcome_of(result: &Result<Lease, LockError>) -> Outcome {
     match result {
         Ok(_) => Outcome::Acquired,
         Err(e) if e.is_contended() => Outcome::Contended,
+        Err(LockError::StepDone { .. }) => Outcome::AlreadyDone,
         Err(_) => Outcome::Failed,
     }
 }

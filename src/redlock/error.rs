@@ -173,6 +173,9 @@ pub enum LockError {
 
     #[error("lease on {lock:?} has expired (deadline passed); acquire it again")]
     Expired { lock: String },
+
+    #[error("lock {lock:?}: step {step} was already started by an earlier holder (progress {done}); nothing to do")]
+    StepDone { lock: String, step: u64, done: u64 },
 }
 
 impl LockError {

@@ -6,14 +6,22 @@
 use redis::Script;
 use std::sync::LazyLock;
 
-/// Phase 2: raise the fence to the new token (a max-register, so it is safe on every node).
-/// KEYS: fence. ARGV: token. Returns the fence value *before* this call, which lets the engine
-/// notice another acquisition that issued the same or a larger token.
+/// Phase 2: raise the fence to the new token (a max-register, so it is safe on every node),
+/// and, when a second key is given, the progress register to the step being started, in the
+/// same round trip. KEYS: fence [, progress]. ARGV: token [, step]. Returns the fence value
+/// *before* this call, which lets the engine notice another acquisition that issued the same
+/// or a larger token.
 const FENCE_LUA: &str = r#"
 local previous = tonumber(redis.call('GET', KEYS[1]) or '0')
 local token = tonumber(ARGV[1])
 if token > previous then
   redis.call('SET', KEYS[1], ARGV[1])
+end
+if KEYS[2] then
+  local done = tonumber(redis.call('GET', KEYS[2]) or '0')
+  if tonumber(ARGV[2]) > done then
+    redis.call('SET', KEYS[2], ARGV[2])
+  end
 end
 return previous
 "#;

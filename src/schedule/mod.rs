@@ -228,5 +228,34 @@ pub fn job_name(locked_job: &str, scheduled: Timestamp, has_seconds: bool) -> St
     format!("{locked_job}-{stamp}")
 }
 
+/// The Job name of a run requested with `lockedjob.dev/run-now` for `requested`: deterministic,
+/// so replicas racing for it create one Job, and distinct from every scheduled run's name
+/// (`-m` then the seconds in base 36: at most 9 characters, so a 52-character LockedJob name
+/// still fits the 63 a Job name may have).
+pub fn manual_job_name(locked_job: &str, requested: Timestamp) -> String {
+    let mut seconds = requested.as_second().max(0) as u64;
+    let mut digits = Vec::new();
+    loop {
+        digits.push(b"0123456789abcdefghijklmnopqrstuvwxyz"[(seconds % 36) as usize]);
+        seconds /= 36;
+        if seconds == 0 {
+            break;
+        }
+    }
+    digits.reverse();
+    format!("{locked_job}-m{}", String::from_utf8_lossy(&digits))
+}
+
+/// Parses the `lockedjob.dev/run-now` annotation: the RFC 3339 time the run is requested for,
+/// e.g. `kubectl annotate lj NAME lockedjob.dev/run-now="$(date -u +%FT%TZ)" --overwrite`.
+pub fn parse_run_now(value: &str) -> Result<Timestamp, String> {
+    value.trim().parse::<Timestamp>().map_err(|e| {
+        format!(
+            "annotation lockedjob.dev/run-now={value:?} is not an RFC 3339 time ({e}); set it with \
+             kubectl annotate lj NAME lockedjob.dev/run-now=\"$(date -u +%FT%TZ)\" --overwrite"
+        )
+    })
+}
+
 #[cfg(test)]
 mod tests;

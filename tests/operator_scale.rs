@@ -1,0 +1,147 @@
+//! Scenario 8 of the operator's end-to-end suite, in a test binary of its own: cargo runs
+//! test binaries one after the other, so this load (200 LockedJobs falling due at once) never
+//! shares the two cores with the timing-sensitive fault scenarios of `operator_e2e.rs`.
+
+mod e2e;
+mod standin;
+mod support;
+
+use e2e::{check, journaled, logs_of, read_journal, Lab};
+use kube::api::{Api, PostParams};
+use lockedjob::api::LockedJob;
+use nix::sys::signal::Signal;
+use std::time::Duration;
+
+/// Scenario 8: 200 LockedJobs over 3 replicas, each on a 20-second schedule: every LockedJob
+/// runs every due time inside the observed window, exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_hundred_lockedjobs_over_three_replicas_each_run_once_per_due_time() {
+    const COUNT: usize = 200;
+    const PERIOD_S: i64 = 20;
+    let Lab {
+        nodes: _nodes,
+        server,
+        dir: _dir,
+        journal,
+        replicas,
+    } = Lab::start(5, 3);
+    let api: Api<LockedJob> = Api::namespaced(server.client().await, "default");
+    for i in 0..COUNT {
+        api.create(
+            &PostParams::default(),
+            &journaled(
+                &format!("many-{i:03}"),
+                "*/20 * * * * *",
+                "c1",
+                &journal,
+                None,
+                "0",
+            ),
+        )
+        .await
+        .expect("create");
+    }
+    let created = jiff::Timestamp::now();
+    tokio::time::sleep(Duration::from_secs(56)).await;
+    let stopped = jiff::Timestamp::now();
+    for r in &replicas {
+        r.signal(Signal::SIGTERM);
+    }
+    // Runs started = Jobs created (their processes may still be queued on the local kubelet).
+    let jobs: Api<k8s_openapi::api::batch::v1::Job> =
+        Api::namespaced(server.client().await, "default");
+    let started: Vec<(String, i64, i64)> = jobs
+        .list(&Default::default())
+        .await
+        .expect("list Jobs")
+        .items
+        .iter()
+        .filter_map(|job| {
+            let owner = job
+                .metadata
+                .owner_references
+                .as_ref()?
+                .first()?
+                .name
+                .clone();
+            let scheduled = job
+                .metadata
+                .annotations
+                .as_ref()?
+                .get("lockedjob.dev/scheduled-time")?
+                .parse::<jiff::Timestamp>()
+                .ok()?;
+            let created = job.metadata.creation_timestamp.as_ref()?.0.as_second();
+            Some((
+                owner,
+                scheduled.as_second(),
+                created - scheduled.as_second(),
+            ))
+        })
+        .collect();
+    let runs = read_journal(&journal);
+    let logs = logs_of(&replicas);
+    check(&runs).unwrap_or_else(|e| panic!("{e}\n{logs}"));
+
+    // Due times with room on both sides: after every object existed (plus a moment for the
+    // watches to deliver them) and early enough to have started before the replicas stopped.
+    let first = (created.as_second() + 2 + PERIOD_S - 1) / PERIOD_S * PERIOD_S;
+    // Generous: on two loaded cores, debug-build replicas and the stand-in lag by seconds
+    // when 200 runs fall due at once (the release benchmark measures the real lag).
+    let last = stopped.as_second() - 15;
+    let due: Vec<i64> = (first..=last).step_by(PERIOD_S as usize).collect();
+    assert!(!due.is_empty(), "the window holds a due time");
+    let mut missing = Vec::new();
+    let mut twice = Vec::new();
+    for i in 0..COUNT {
+        let name = format!("many-{i:03}");
+        let lock = format!("default/{name}");
+        for t in &due {
+            // A run counts once its Job exists or its process journaled it (older finished
+            // Jobs may already be gone to the history limit).
+            let jobs = started
+                .iter()
+                .filter(|(o, s, _)| *o == name && s == t)
+                .count();
+            let journaled = runs
+                .iter()
+                .filter(|r| {
+                    r.lock == lock
+                        && r.scheduled
+                            .parse::<jiff::Timestamp>()
+                            .is_ok_and(|s| s.as_second() == *t)
+                })
+                .count();
+            match jobs.max(journaled) {
+                0 => missing.push(format!("{name}@{t}")),
+                1 => {}
+                n => twice.push(format!("{name}@{t} x{n}")),
+            }
+        }
+    }
+    let mut lags: Vec<i64> = started.iter().map(|(_, _, lag)| *lag).collect();
+    lags.sort_unstable();
+    println!(
+        "{} Jobs created; lag (s, creationTimestamp - scheduled): p50 {:?} p99 {:?} max {:?}",
+        started.len(),
+        lags.get(lags.len() / 2),
+        lags.get(lags.len() * 99 / 100),
+        lags.last()
+    );
+    assert!(twice.is_empty(), "a due time ran twice: {twice:?}");
+    assert!(
+        missing.is_empty(),
+        "{} of {} due runs missing (first: {:?}); {} Jobs created, {} runs journaled",
+        missing.len(),
+        COUNT * due.len(),
+        missing.iter().take(5).collect::<Vec<_>>(),
+        started.len(),
+        runs.len()
+    );
+    println!(
+        "{} LockedJobs x {} due times each ran once ({} runs journaled)",
+        COUNT,
+        due.len(),
+        runs.len()
+    );
+}
