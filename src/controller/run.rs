@@ -203,7 +203,11 @@ pub async fn start(
         }
         // Someone holds the lock for this time: it runs there. Try again only once their
         // lease could have expired (they may have died before creating the Job).
-        Err(NotStarted::Contended) => ctx.settled.set(key, Instant::now() + ttl),
+        Err(NotStarted::RunningElsewhere) => ctx.settled.set(key, Instant::now() + ttl),
+        // The lock is held for something else (an earlier run still going): the next
+        // reconcile (that run's end changes the LockedJob's status) tries again, but not each
+        // of the bursts of Job events before it.
+        Err(NotStarted::Contended) => ctx.settled.set(key, Instant::now() + CONTENDED_PAUSE),
         Err(NotStarted::AlreadyRan) => ctx.settled.set(key, Instant::now() + SETTLED),
         // No quorum, API trouble: the next reconcile tries again.
         Err(NotStarted::Failed) => {}
@@ -213,9 +217,15 @@ pub async fn start(
 /// How long a scheduled time that ran (here or elsewhere) is not tried again by this replica.
 const SETTLED: Duration = Duration::from_secs(600);
 
+/// How long a replica that found the lock held for an earlier run waits before trying the
+/// same time again.
+const CONTENDED_PAUSE: Duration = Duration::from_millis(500);
+
 /// Why this replica did not start a run.
 enum NotStarted {
-    /// Another runner holds the lock.
+    /// Another runner holds the lock and has started this very time.
+    RunningElsewhere,
+    /// The lock is held, for an earlier time or before its holder recorded this one.
     Contended,
     /// The lock's progress register says this time already ran.
     AlreadyRan,
@@ -254,8 +264,12 @@ async fn start_inner(
     };
     let lease = match acquired {
         Ok(lease) => lease,
+        Err(LockError::Contended { progress, .. }) if progress >= scheduled_ms && !manual => {
+            tracing::debug!("another runner holds the lock and runs this time");
+            return Err(NotStarted::RunningElsewhere);
+        }
         Err(e) if e.is_contended() => {
-            tracing::debug!("another runner holds the lock for this run");
+            tracing::debug!("the lock is held (by an earlier run); trying again when it frees");
             return Err(NotStarted::Contended);
         }
         Err(LockError::StepDone { .. }) => {

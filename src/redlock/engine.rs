@@ -216,9 +216,11 @@ impl Redlock {
         let mut done = 0;
         let mut refused = vec![false; self.inner.nodes.len()];
         for (index, (set, fence, progress)) in phase1.replies {
+            // Any node's progress was raised by a holder that started that step, so the
+            // refusing nodes' values count too.
+            done = done.max(progress.unwrap_or(0));
             if set.is_some() {
                 fences.push(fence.unwrap_or(0));
-                done = done.max(progress.unwrap_or(0));
             } else {
                 held += 1;
                 refused[index] = true;
@@ -240,6 +242,7 @@ impl Redlock {
                     quorum,
                     nodes,
                     failures,
+                    progress: done,
                 }
             } else {
                 LockError::NoQuorum {

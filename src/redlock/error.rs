@@ -142,6 +142,9 @@ pub enum LockError {
         quorum: usize,
         nodes: usize,
         failures: Vec<NodeFailure>,
+        /// The largest progress-register value the answering nodes hold: with
+        /// `try_acquire_step`, `progress >= step` means the holder is running that very step.
+        progress: u64,
     },
 
     #[error("no quorum for lock {lock:?}: {granted} of {nodes} nodes answered yes, {quorum} needed; check these nodes: {}", Failures(failures))]
