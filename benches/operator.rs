@@ -205,6 +205,7 @@ async fn bench(lockedjobs: u64, seconds: u64) {
         .await
         .expect("create LockedJob");
     }
+    eprintln!("operator bench: {lockedjobs} LockedJobs created");
     // Let every replica sync and the first due time pass before counting.
     tokio::time::sleep(Duration::from_secs(PERIOD_S + 2)).await;
     let bodies_before: Vec<String> = replicas.iter().map(|r| scrape(&r.metrics)).collect();
