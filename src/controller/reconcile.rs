@@ -166,12 +166,12 @@ async fn reconcile_inner(
 
     // Adopt or clean up active Jobs nobody here supervises (their holder may be gone).
     for job in &active {
+        let key = (namespace.clone(), job.name_any());
         let supervised = ctx
             .supervised
             .lock()
-            .map(|s| s.contains(&(namespace.clone(), job.name_any())))
+            .map(|s| s.contains(&key))
             .unwrap_or(true);
-        let key = (namespace.clone(), job.name_any());
         if !supervised
             && super::orphan_check_due(
                 &ctx.orphan_checks,
