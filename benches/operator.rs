@@ -43,31 +43,6 @@ fn env_or(name: &str, default: u64) -> u64 {
         .unwrap_or(default)
 }
 
-/// Calls over every command but INFO (the benchmark's own reads) and those in `except`.
-fn redis_calls(nodes: &RedisNodes, except: &[&str]) -> u64 {
-    (0..nodes.len())
-        .map(|i| {
-            let stats: String = nodes[i].query(&["INFO", "commandstats"]);
-            stats
-                .lines()
-                .filter_map(|l| l.strip_prefix("cmdstat_"))
-                .filter(|l| {
-                    let name = l.split(':').next().unwrap_or_default();
-                    name != "info" && !except.contains(&name)
-                })
-                .filter_map(|l| {
-                    l.split(':')
-                        .nth(1)?
-                        .split(',')
-                        .find_map(|kv| kv.strip_prefix("calls="))?
-                        .parse::<u64>()
-                        .ok()
-                })
-                .sum::<u64>()
-        })
-        .sum()
-}
-
 /// Calls per command, summed over the nodes.
 fn calls_by_command(nodes: &RedisNodes) -> std::collections::BTreeMap<String, u64> {
     let mut out = std::collections::BTreeMap::new();
@@ -211,10 +186,8 @@ async fn bench(lockedjobs: u64, seconds: u64) {
     let bodies_before: Vec<String> = replicas.iter().map(|r| scrape(&r.metrics)).collect();
     let lag_before = lag_buckets(&bodies_before);
     let requests_before = requests_by_op(&bodies_before);
-    let calls_before = redis_calls(&nodes, &[]);
     let by_command_before = calls_by_command(&nodes);
     tokio::time::sleep(Duration::from_secs(seconds)).await;
-    let calls_after = redis_calls(&nodes, &[]);
     let by_command_after = calls_by_command(&nodes);
     let bodies: Vec<String> = replicas.iter().map(|r| scrape(&r.metrics)).collect();
     let lag_after = lag_buckets(&bodies);
@@ -238,7 +211,14 @@ async fn bench(lockedjobs: u64, seconds: u64) {
         })
         .collect();
     let runs = lag.last().map(|b| b.1).unwrap_or(0);
-    let calls = calls_after.saturating_sub(calls_before);
+    // Every command but INFO (the benchmark's own reads).
+    let total = |by: &std::collections::BTreeMap<String, u64>| -> u64 {
+        by.iter()
+            .filter(|(name, _)| *name != "info")
+            .map(|(_, n)| n)
+            .sum()
+    };
+    let calls = total(&by_command_after).saturating_sub(total(&by_command_before));
     let rss: Vec<f64> = replicas
         .iter()
         .map(|r| peak_rss_mib(r.child.id()))
