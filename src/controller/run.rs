@@ -330,19 +330,10 @@ async fn start_inner(
             manual,
         },
     );
-    match tokio::time::timeout(
-        API_CALL_LIMIT,
-        jobs.create(
-            &PostParams {
-                field_manager: Some(MANAGER.into()),
-                ..Default::default()
-            },
-            &job,
-        ),
-    )
-    .await
-    {
-        Ok(Ok(_)) => {
+    // The time is already recorded as started (phase 2), so nobody else will run it: keep
+    // trying to create the Job while the lease leaves room, or it is lost.
+    match create_job(&jobs, &job, &lease).await {
+        Created::New => {
             let lag = (Timestamp::now() - scheduled).get_milliseconds().max(0) as u64;
             if !manual {
                 metrics::record_schedule_lag(Duration::from_millis(lag));
@@ -360,24 +351,27 @@ async fn start_inner(
             )
             .await;
         }
-        Ok(Err(kube::Error::Api(s))) if s.code == 409 => {
-            tracing::info!(job = %job_name, "the Job already exists (created by an earlier holder); supervising it");
+        Created::Existed => {
+            tracing::info!(job = %job_name, "the Job already exists (created by an earlier holder or an attempt whose reply was lost); supervising it");
         }
-        Ok(Err(e)) => {
-            tracing::warn!(error = %e, "Job not created");
+        Created::Failed(message) => {
+            tracing::error!(job = %job_name, error = %message, "Job not created; this scheduled time is skipped");
+            metrics::record_run("create_failed");
             event(
                 &ctx,
                 &lj,
                 true,
                 "CreateFailed",
-                format!("cannot create Job {job_name}: {e}"),
+                format!(
+                    "cannot create Job {job_name} for {scheduled}, the run is skipped: {message}"
+                ),
             )
             .await;
             ctx.engine.release(&lease).await;
+            if manual {
+                clear_run_now(&ctx, &lj, &scheduled.to_string()).await;
+            }
             return Err(NotStarted::Failed);
-        }
-        Err(_) => {
-            tracing::warn!("Job create timed out; supervising in case it landed");
         }
     }
     let mut status =
@@ -390,6 +384,43 @@ async fn start_inner(
     }
     patch_status(&ctx, &lj, status).await;
     Ok((lease, job_name, valid.timing))
+}
+
+/// How creating a run's Job ended.
+enum Created {
+    New,
+    /// The name exists: an earlier holder's Job, or our own attempt whose reply was lost.
+    Existed,
+    /// Not created, with why.
+    Failed(String),
+}
+
+/// Creates `job`, retrying timeouts, transport errors, 429 and 5xx while the lease has room
+/// for another bounded attempt. The deterministic name makes a retry safe: a 409 means an
+/// earlier attempt landed. Other 4xx (invalid template, forbidden) will not heal by retrying.
+async fn create_job(jobs: &Api<Job>, job: &Job, lease: &Lease) -> Created {
+    let params = PostParams {
+        field_manager: Some(MANAGER.into()),
+        ..Default::default()
+    };
+    let mut pause = Duration::from_millis(200);
+    loop {
+        let failure = match tokio::time::timeout(API_CALL_LIMIT, jobs.create(&params, job)).await {
+            Ok(Ok(_)) => return Created::New,
+            Ok(Err(kube::Error::Api(s))) if s.code == 409 => return Created::Existed,
+            Ok(Err(kube::Error::Api(s))) if s.code != 429 && s.code < 500 => {
+                return Created::Failed(format!("{} ({})", s.message, s.code))
+            }
+            Ok(Err(e)) => e.to_string(),
+            Err(_) => format!("no answer within {API_CALL_LIMIT:?}"),
+        };
+        if lease.remaining() < API_CALL_LIMIT + pause {
+            return Created::Failed(format!("{failure}; gave up before the lease ran out"));
+        }
+        tracing::warn!(error = %failure, "Job create failed; retrying");
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_secs(2));
+    }
 }
 
 /// Removes the `lockedjob.dev/run-now` annotation if it still holds `value` (a newer request
