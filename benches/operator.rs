@@ -17,7 +17,7 @@ use lockedjob::api::LockedJob;
 use serde_json::json;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
-use support::{Persistence, RedisNodes};
+use support::{NodeChecks, Persistence, RedisNodes};
 
 const REPLICAS: usize = 3;
 const NODES: usize = 5;
@@ -151,7 +151,8 @@ fn locked_job(name: &str) -> LockedJob {
 }
 
 async fn bench(lockedjobs: u64, seconds: u64) {
-    let nodes = RedisNodes::start(NODES, Persistence::AppendFsyncAlways);
+    let nodes =
+        RedisNodes::start(NODES, Persistence::AppendFsyncAlways).expect("start redis-server");
     let server = standin::ApiServer::start();
     let replicas: Vec<Replica> = (0..REPLICAS)
         .map(|i| {

@@ -157,7 +157,7 @@ async fn main() {
     println!("|---|---|---|---|---|---|");
     let mut summary = Vec::new();
     for &count in node_counts {
-        let nodes = RedisNodes::start(count, Persistence::None);
+        let nodes = RedisNodes::start(count, Persistence::None).expect("start redis-server");
         let urls = nodes.urls();
         for tasks in [1, CONCURRENCY] {
             let ops = if tasks == 1 { ops / 4 } else { ops };

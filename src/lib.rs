@@ -7,6 +7,7 @@
 pub mod api;
 pub mod controller;
 pub mod exec;
+pub mod lab;
 pub mod metrics;
 pub mod options;
 pub mod redlock;

@@ -6,7 +6,7 @@ use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
-use support::{lockedjob_bin, wait_until, Persistence, RedisNodes};
+use support::{lockedjob_bin, wait_until, Persistence, RedisNodes, SetChecks};
 
 const LOCK_KEY: &str = "lockedjob:lock:nightly";
 
@@ -51,7 +51,7 @@ fn text(bytes: &[u8]) -> String {
 
 #[test]
 fn runs_the_command_with_the_lock_in_its_environment_and_passes_its_exit_code() {
-    let nodes = RedisNodes::start(3, Persistence::None);
+    let nodes = RedisNodes::start(3, Persistence::None).expect("start redis-server");
     let out = run(
         &nodes.urls(),
         &[],
@@ -80,7 +80,7 @@ fn runs_the_command_with_the_lock_in_its_environment_and_passes_its_exit_code() 
 
 #[test]
 fn a_second_exec_fails_fast_without_wait_and_runs_after_the_first_with_wait() {
-    let nodes = RedisNodes::start(3, Persistence::None);
+    let nodes = RedisNodes::start(3, Persistence::None).expect("start redis-server");
     let urls = nodes.urls();
     let first = spawn(
         &urls,
@@ -125,7 +125,7 @@ fn a_second_exec_fails_fast_without_wait_and_runs_after_the_first_with_wait() {
 
 #[test]
 fn losing_the_majority_stops_the_command_before_the_deadline() {
-    let mut nodes = RedisNodes::start(3, Persistence::None);
+    let mut nodes = RedisNodes::start(3, Persistence::None).expect("start redis-server");
     let dir = tempfile::tempdir().expect("tempdir");
     let pid_file = dir.path().join("child.pid");
     let script = format!("echo $$ > {}; exec sleep 60", pid_file.display());
@@ -177,7 +177,7 @@ fn losing_the_majority_stops_the_command_before_the_deadline() {
 
 #[test]
 fn sigterm_reaches_the_command_and_the_lock_is_released() {
-    let nodes = RedisNodes::start(3, Persistence::None);
+    let nodes = RedisNodes::start(3, Persistence::None).expect("start redis-server");
     let dir = tempfile::tempdir().expect("tempdir");
     let marker = dir.path().join("got-term");
     let script = format!(
@@ -210,7 +210,7 @@ type BadInputCase = (
 
 #[test]
 fn bad_input_gives_clear_errors_and_distinct_exit_codes() {
-    let nodes = RedisNodes::start(2, Persistence::None);
+    let nodes = RedisNodes::start(2, Persistence::None).expect("start redis-server");
     let dead = format!("redis://127.0.0.1:{}", support::free_port());
     let good = nodes.urls();
     let table: Vec<BadInputCase> = vec![

@@ -71,7 +71,7 @@ async fn three_replicas_run_each_time_once_and_invalid_specs_are_reported() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_clusters_sharing_redis_run_each_time_once_across_both() {
-    let nodes = RedisNodes::start(5, Persistence::AppendFsyncAlways);
+    let nodes = RedisNodes::start(5, Persistence::AppendFsyncAlways).expect("start redis-server");
     let east = ApiServer::start();
     let west = ApiServer::start();
     let dir = tempfile::tempdir().expect("dir");
@@ -194,8 +194,8 @@ async fn quorum_loss_deletes_the_job_before_the_deadline_and_runs_resume_after()
         "a run started without quorum"
     );
 
-    nodes[0].restart();
-    nodes[1].restart();
+    nodes[0].restart().expect("restart redis-server");
+    nodes[1].restart().expect("restart redis-server");
     assert!(
         eventually(Duration::from_secs(30), || async {
             jobs.list(&Default::default())

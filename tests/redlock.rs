@@ -8,7 +8,7 @@ use lockedjob::redlock::{
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use support::{FaultProxy, Persistence, ProxyMode, RedisNode, RedisNodes};
+use support::{FaultProxy, NodeChecks, Persistence, ProxyMode, RedisNode, RedisNodes, SetChecks};
 
 const SECOND: Duration = Duration::from_secs(1);
 
@@ -34,7 +34,7 @@ fn blocking<T>(f: impl FnOnce() -> T) -> T {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn second_client_is_refused_while_first_holds_and_succeeds_after_release() {
-    let nodes = RedisNodes::start(3, Persistence::None);
+    let nodes = RedisNodes::start(3, Persistence::None).expect("start redis-server");
     let a = engine(nodes.urls(), "test/a");
     let b = engine(nodes.urls(), "test/b");
     let ttl = 10 * SECOND;
@@ -78,7 +78,7 @@ async fn second_client_is_refused_while_first_holds_and_succeeds_after_release()
 
 /// Kills `kill` of `total` nodes and checks whether an acquisition succeeds.
 async fn acquire_with_killed(total: usize, kill: usize) -> (Result<u64, LockError>, RedisNodes) {
-    let mut nodes = RedisNodes::start(total, Persistence::None);
+    let mut nodes = RedisNodes::start(total, Persistence::None).expect("start redis-server");
     let client = engine(nodes.urls(), "test/quorum");
     blocking(|| (0..kill).for_each(|i| nodes[i].kill9()));
     let result = client
@@ -119,13 +119,13 @@ async fn acquire_fails_without_quorum_and_leaves_no_key_behind() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hung_node_costs_about_one_timeout_not_seconds() {
-    let mut nodes = RedisNodes::start(3, Persistence::None);
-    let proxy = FaultProxy::start(&format!("127.0.0.1:{}", nodes[2].port()));
+    let mut nodes = RedisNodes::start(3, Persistence::None).expect("start redis-server");
+    let proxy = FaultProxy::start(&nodes[2].addr()).expect("start proxy");
     let urls = vec![nodes[0].url(), nodes[1].url(), proxy.url()];
     let client = engine_with_timeout(urls, "test/hung", Duration::from_millis(200));
     // Warm connections so the test measures requests, then hang node 0 and blackhole node 2.
     client.try_acquire("warm", SECOND).await.expect("warm-up");
-    blocking(|| nodes[0].pause());
+    blocking(|| nodes[0].pause().expect("SIGSTOP redis-server"));
     proxy.set_mode(ProxyMode::Blackhole);
 
     // 2 of 3 hung: fails, and names both as timed out.
@@ -158,12 +158,12 @@ async fn hung_node_costs_about_one_timeout_not_seconds() {
         started.elapsed()
     );
     assert!(lease.remaining() > 8 * SECOND);
-    blocking(|| nodes[0].resume());
+    blocking(|| nodes[0].resume().expect("SIGCONT redis-server"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn non_holder_release_deletes_nothing_and_extend_never_recreates() {
-    let nodes = RedisNodes::start(3, Persistence::None);
+    let nodes = RedisNodes::start(3, Persistence::None).expect("start redis-server");
     let a = engine(nodes.urls(), "test/a");
     let b = engine(nodes.urls(), "test/b");
     let key = "lockedjob:lock:shared";
@@ -215,7 +215,8 @@ async fn non_holder_release_deletes_nothing_and_extend_never_recreates() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fencing_tokens_strictly_increase_across_node_crashes_and_restarts() {
-    let mut nodes = RedisNodes::start(5, Persistence::AppendFsyncAlways);
+    let mut nodes =
+        RedisNodes::start(5, Persistence::AppendFsyncAlways).expect("start redis-server");
     let clients: Vec<Redlock> = (0..3)
         .map(|i| engine(nodes.urls(), &format!("test/c{i}")))
         .collect();
@@ -228,7 +229,7 @@ async fn fencing_tokens_strictly_increase_across_node_crashes_and_restarts() {
             let victim = (i / 10) % 5;
             blocking(|| {
                 if let Some(previous) = down.take() {
-                    nodes[previous].restart();
+                    nodes[previous].restart().expect("restart redis-server");
                 }
                 nodes[victim].kill9();
             });
@@ -253,7 +254,7 @@ async fn fencing_tokens_strictly_increase_across_node_crashes_and_restarts() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn watchdog_keeps_the_lease_alive_then_fires_before_the_deadline_on_quorum_loss() {
-    let mut nodes = RedisNodes::start(3, Persistence::None);
+    let mut nodes = RedisNodes::start(3, Persistence::None).expect("start redis-server");
     let client = engine(nodes.urls(), "test/watchdog");
     let ttl = SECOND;
     let timing = LeaseTiming::from_ttl(ttl);
@@ -307,8 +308,8 @@ async fn watchdog_keeps_the_lease_alive_then_fires_before_the_deadline_on_quorum
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn contention_never_lets_two_holders_into_the_critical_section() {
-    let nodes = RedisNodes::start(3, Persistence::None);
-    let counter_node = RedisNode::start(Persistence::None);
+    let nodes = RedisNodes::start(3, Persistence::None).expect("start redis-server");
+    let counter_node = RedisNode::start(Persistence::None).expect("start redis-server");
     let counter_client = redis::Client::open(counter_node.url()).expect("counter url");
     let peak = Arc::new(AtomicI64::new(0));
     let mut tasks = Vec::new();
@@ -389,7 +390,7 @@ fn unreachable_nodes_are_an_error_not_a_hang_or_panic() {
 /// node down, and a loser's refused nodes keep no value of its attempt.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_step_is_started_once_across_holders_even_with_a_node_down() {
-    let mut nodes = RedisNodes::start(5, Persistence::None);
+    let mut nodes = RedisNodes::start(5, Persistence::None).expect("start redis-server");
     let a = engine(nodes.urls(), "test/a");
     let b = engine(nodes.urls(), "test/b");
     let ttl = 10 * SECOND;

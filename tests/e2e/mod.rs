@@ -80,7 +80,8 @@ pub struct Lab {
 
 impl Lab {
     pub fn start(redis_nodes: usize, replicas: usize) -> Self {
-        let nodes = RedisNodes::start(redis_nodes, Persistence::AppendFsyncAlways);
+        let nodes = RedisNodes::start(redis_nodes, Persistence::AppendFsyncAlways)
+            .expect("start redis-server");
         let server = ApiServer::start();
         let dir = tempfile::tempdir().expect("dir");
         let journal = dir.path().join("journal");

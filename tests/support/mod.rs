@@ -1,14 +1,45 @@
-//! Test harness shared by the integration tests: real `redis-server` processes on free loopback
-//! ports, with real faults (kill -9, SIGSTOP/SIGCONT, restart, clock skew through libfaketime),
-//! and a fault-injecting TCP proxy. Everything it starts is stopped when the handle drops, also
-//! when a test panics.
+//! Test harness shared by the integration tests. The parts (real `redis-server` processes on
+//! free loopback ports with kill -9, SIGSTOP/SIGCONT, restart and a movable clock, and the
+//! fault-injecting TCP proxy) live in `lockedjob::lab::harness`, shared with `lockedjob lab`;
+//! here are the panicking shorthands a test wants for its checks.
 #![allow(dead_code, unused_imports)]
 
-pub mod proxy;
-pub mod redis_nodes;
+pub use lockedjob::lab::harness::{FaultProxy, Persistence, ProxyMode, RedisNode, RedisNodes};
 
-pub use proxy::{FaultProxy, ProxyMode};
-pub use redis_nodes::{Persistence, RedisNode, RedisNodes};
+/// Checks on a node's data that fail the test, with context, when the node cannot answer.
+pub trait NodeChecks {
+    fn query<T: redis::FromRedisValue>(&self, args: &[&str]) -> T;
+
+    fn get(&self, key: &str) -> Option<String> {
+        self.query(&["GET", key])
+    }
+
+    /// `PTTL` of a key: -2 when absent, -1 without expiry.
+    fn pttl(&self, key: &str) -> i64 {
+        self.query(&["PTTL", key])
+    }
+}
+
+impl NodeChecks for RedisNode {
+    fn query<T: redis::FromRedisValue>(&self, args: &[&str]) -> T {
+        self.command(args)
+            .unwrap_or_else(|e| panic!("{args:?} on {}: {e}", self.url()))
+    }
+}
+
+pub trait SetChecks {
+    /// How many nodes that are up hold `key`.
+    fn count_key(&self, key: &str) -> usize;
+}
+
+impl SetChecks for RedisNodes {
+    fn count_key(&self, key: &str) -> usize {
+        self.nodes
+            .iter()
+            .filter(|n| n.is_running() && n.get(key).is_some())
+            .count()
+    }
+}
 
 use std::time::{Duration, Instant};
 
@@ -33,6 +64,5 @@ pub fn lockedjob_bin() -> std::path::PathBuf {
 /// Binds port 0 on loopback to learn a free port. A small race remains until the server binds
 /// it; callers retry on a failed start.
 pub fn free_port() -> u16 {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
-    listener.local_addr().expect("local addr").port()
+    lockedjob::lab::harness::free_port().expect("a free loopback port")
 }

@@ -1,6 +1,9 @@
-//! Independent `redis-server` nodes (no replication between them), as Redlock requires.
+//! Independent `redis-server` processes (no replication between them), as Redlock requires,
+//! with the faults the lab and the tests inject: kill -9, SIGSTOP/SIGCONT, restart, and a wall
+//! clock that can be moved while the server runs.
 
-use super::free_port;
+use super::clock::SkewedClock;
+use super::{free_port, HarnessError};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use std::path::{Path, PathBuf};
@@ -21,74 +24,59 @@ pub struct RedisNode {
     persistence: Persistence,
     child: Option<Child>,
     paused: bool,
-    /// When set, the server runs under libfaketime reading its offset from this file, so the
-    /// clock can be moved while it runs.
-    faketime_file: Option<PathBuf>,
+    /// Set for nodes whose wall clock can be moved at run time.
+    clock: Option<SkewedClock>,
 }
 
-fn redis_server() -> &'static str {
-    static PATH: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    PATH.get_or_init(|| {
-        for candidate in ["/usr/bin/redis-server", "/usr/local/bin/redis-server"] {
-            if Path::new(candidate).exists() {
-                return candidate.to_string();
-            }
-        }
-        panic!("redis-server not found: run scripts/test.sh, which installs it (apt-get install redis-server)")
-    })
-}
-
-fn libfaketime() -> Option<PathBuf> {
-    [
-        "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1",
-        "/usr/lib/aarch64-linux-gnu/faketime/libfaketime.so.1",
-        "/usr/lib/faketime/libfaketime.so.1",
-    ]
-    .iter()
-    .map(PathBuf::from)
-    .find(|p| p.exists())
+fn redis_server() -> Result<&'static Path, HarnessError> {
+    ["/usr/bin/redis-server", "/usr/local/bin/redis-server"]
+        .iter()
+        .map(Path::new)
+        .find(|p| p.exists())
+        .ok_or(HarnessError::RedisServerMissing)
 }
 
 impl RedisNode {
-    pub fn start(persistence: Persistence) -> Self {
+    pub fn start(persistence: Persistence) -> Result<Self, HarnessError> {
         Self::start_inner(persistence, false)
     }
 
-    /// A node whose wall clock can be shifted at run time with [`RedisNode::shift_clock`].
-    pub fn start_with_fake_clock(persistence: Persistence) -> Self {
+    /// A node whose wall clock can be moved at run time with [`RedisNode::shift_clock`].
+    pub fn start_with_skewable_clock(persistence: Persistence) -> Result<Self, HarnessError> {
         Self::start_inner(persistence, true)
     }
 
-    fn start_inner(persistence: Persistence, fake_clock: bool) -> Self {
+    fn start_inner(persistence: Persistence, skewable: bool) -> Result<Self, HarnessError> {
         let dir = tempfile::Builder::new()
             .prefix("lockedjob-redis-")
             .tempdir()
-            .expect("create temp dir for redis");
-        let faketime_file = fake_clock.then(|| {
-            let file = dir.path().join("faketime");
-            std::fs::write(&file, "+0s").expect("write faketime file");
-            file
-        });
+            .map_err(|e| HarnessError::Io("create a temp dir for redis-server", e))?;
+        let clock = if skewable {
+            Some(SkewedClock::new(&dir.path().join("clock-skew"))?)
+        } else {
+            None
+        };
         let mut node = Self {
             port: 0,
             dir,
             persistence,
             child: None,
             paused: false,
-            faketime_file,
+            clock,
         };
         for _ in 0..10 {
-            node.port = free_port();
-            if node.spawn() {
-                return node;
+            node.port = free_port()?;
+            if node.spawn()? {
+                return Ok(node);
             }
         }
-        panic!("could not start redis-server on a free port after 10 tries");
+        Err(HarnessError::NotReady(node.log_tail()))
     }
 
-    /// Starts the server on `self.port` in `self.dir`; false when it did not come up.
-    fn spawn(&mut self) -> bool {
-        let mut cmd = Command::new(redis_server());
+    /// Starts the server on `self.port` in `self.dir`; false when it did not come up (the
+    /// port was taken meanwhile, say).
+    fn spawn(&mut self) -> Result<bool, HarnessError> {
+        let mut cmd = Command::new(redis_server()?);
         cmd.arg("--port")
             .arg(self.port.to_string())
             .args(["--bind", "127.0.0.1", "--protected-mode", "no"])
@@ -105,28 +93,22 @@ impl RedisNode {
                 cmd.args(["--appendonly", "no"]);
             }
         }
-        if let Some(file) = &self.faketime_file {
-            let lib = libfaketime().expect(
-                "libfaketime not found: run scripts/test.sh, which installs it (apt-get install faketime)",
-            );
-            cmd.env("LD_PRELOAD", lib)
-                .env("FAKETIME_TIMESTAMP_FILE", file)
-                .env("FAKETIME_NO_CACHE", "1")
-                .env("FAKETIME_DONT_FAKE_MONOTONIC", "1");
+        if let Some(clock) = &self.clock {
+            clock.apply(&mut cmd);
         }
         cmd.stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null());
-        let Ok(child) = cmd.spawn() else {
-            return false;
-        };
+        let child = cmd
+            .spawn()
+            .map_err(|e| HarnessError::Io("start redis-server", e))?;
         self.child = Some(child);
         self.paused = false;
         if self.wait_ready(Duration::from_secs(10)) {
-            true
+            Ok(true)
         } else {
             self.kill9();
-            false
+            Ok(false)
         }
     }
 
@@ -146,8 +128,18 @@ impl RedisNode {
         false
     }
 
+    fn log_tail(&self) -> String {
+        let log = std::fs::read_to_string(self.dir.path().join("redis.log")).unwrap_or_default();
+        let lines: Vec<&str> = log.lines().collect();
+        lines[lines.len().saturating_sub(5)..].join("\n")
+    }
+
     pub fn port(&self) -> u16 {
         self.port
+    }
+
+    pub fn addr(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
     }
 
     pub fn url(&self) -> String {
@@ -158,11 +150,15 @@ impl RedisNode {
         self.child.is_some()
     }
 
+    pub fn is_paused(&self) -> bool {
+        self.paused
+    }
+
     fn pid(&self) -> Option<Pid> {
         self.child.as_ref().map(|c| Pid::from_raw(c.id() as i32))
     }
 
-    /// A short-timeout synchronous connection for assertions.
+    /// A short-timeout synchronous connection for checks.
     pub fn connection(&self) -> redis::RedisResult<redis::Connection> {
         let client = redis::Client::open(self.url())?;
         let conn = client.get_connection_with_timeout(Duration::from_millis(500))?;
@@ -177,26 +173,14 @@ impl RedisNode {
             .is_ok()
     }
 
-    /// Runs a command for assertions; panics with context on failure.
-    pub fn query<T: redis::FromRedisValue>(&self, args: &[&str]) -> T {
-        let mut conn = self
-            .connection()
-            .unwrap_or_else(|e| panic!("connect to {}: {e}", self.url()));
+    /// Runs one command on a fresh connection.
+    pub fn command<T: redis::FromRedisValue>(&self, args: &[&str]) -> redis::RedisResult<T> {
+        let mut conn = self.connection()?;
         let mut cmd = redis::cmd(args[0]);
         for arg in &args[1..] {
             cmd.arg(*arg);
         }
         cmd.query(&mut conn)
-            .unwrap_or_else(|e| panic!("{args:?} on {}: {e}", self.url()))
-    }
-
-    pub fn get(&self, key: &str) -> Option<String> {
-        self.query(&["GET", key])
-    }
-
-    /// `PTTL` of a key: -2 when absent, -1 without expiry.
-    pub fn pttl(&self, key: &str) -> i64 {
-        self.query(&["PTTL", key])
     }
 
     /// kill -9: no shutdown, no final fsync beyond what `appendfsync` already did.
@@ -209,50 +193,57 @@ impl RedisNode {
     }
 
     /// SIGSTOP: the process keeps its sockets but answers nothing, like a hung node.
-    pub fn pause(&mut self) {
+    pub fn pause(&mut self) -> Result<(), HarnessError> {
         if let Some(pid) = self.pid() {
-            kill(pid, Signal::SIGSTOP).expect("SIGSTOP redis");
+            kill(pid, Signal::SIGSTOP).map_err(HarnessError::Signal)?;
             self.paused = true;
         }
+        Ok(())
     }
 
-    pub fn resume(&mut self) {
+    pub fn resume(&mut self) -> Result<(), HarnessError> {
         if let Some(pid) = self.pid() {
-            kill(pid, Signal::SIGCONT).expect("SIGCONT redis");
+            kill(pid, Signal::SIGCONT).map_err(HarnessError::Signal)?;
             self.paused = false;
         }
+        Ok(())
     }
 
-    /// Starts the node again on the same port with the same data directory.
-    pub fn restart(&mut self) {
+    /// Starts the node again on the same port with the same data directory (kill -9 first if
+    /// it runs).
+    pub fn restart(&mut self) -> Result<(), HarnessError> {
         self.kill9();
         for _ in 0..50 {
-            if self.spawn() {
-                return;
+            if self.spawn()? {
+                return Ok(());
             }
             std::thread::sleep(Duration::from_millis(100));
         }
-        panic!("could not restart redis-server on port {}", self.port);
+        Err(HarnessError::NotReady(self.log_tail()))
     }
 
-    /// Moves this node's wall clock by `offset` (libfaketime syntax, e.g. "+60s").
-    pub fn shift_clock(&self, offset: &str) {
-        let file = self
-            .faketime_file
+    /// Moves this node's wall clock (`CLOCK_REALTIME`, which Redis expires keys by) to
+    /// `offset` from the true time, at once, while it runs.
+    pub fn shift_clock(&self, offset: Duration) -> Result<(), HarnessError> {
+        self.clock
             .as_ref()
-            .expect("node was not started with a fake clock");
-        std::fs::write(file, offset).expect("write faketime file");
+            .ok_or(HarnessError::ClockNotSkewable)?
+            .set(offset)
     }
 
     pub fn data_dir(&self) -> &Path {
         self.dir.path()
+    }
+
+    pub fn log_path(&self) -> PathBuf {
+        self.dir.path().join("redis.log")
     }
 }
 
 impl Drop for RedisNode {
     fn drop(&mut self) {
         if self.paused {
-            self.resume();
+            let _ = self.resume();
         }
         self.kill9();
     }
@@ -264,18 +255,33 @@ pub struct RedisNodes {
 }
 
 impl RedisNodes {
-    pub fn start(count: usize, persistence: Persistence) -> Self {
-        // Start in parallel: each start waits for its server to answer.
+    pub fn start(count: usize, persistence: Persistence) -> Result<Self, HarnessError> {
+        Self::start_where(count, persistence, |_| false)
+    }
+
+    /// Starts `count` nodes, those for which `skewable(index)` holds with a movable clock.
+    pub fn start_where(
+        count: usize,
+        persistence: Persistence,
+        skewable: impl Fn(usize) -> bool + Sync,
+    ) -> Result<Self, HarnessError> {
+        // In parallel: each start waits for its server to answer.
         let nodes = std::thread::scope(|scope| {
             let handles: Vec<_> = (0..count)
-                .map(|_| scope.spawn(move || RedisNode::start(persistence)))
+                .map(|i| {
+                    let skew = skewable(i);
+                    scope.spawn(move || RedisNode::start_inner(persistence, skew))
+                })
                 .collect();
             handles
                 .into_iter()
-                .map(|h| h.join().expect("start redis node"))
-                .collect()
-        });
-        Self { nodes }
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| Err(HarnessError::NotReady("start panicked".into())))
+                })
+                .collect::<Result<Vec<_>, _>>()
+        })?;
+        Ok(Self { nodes })
     }
 
     pub fn urls(&self) -> Vec<String> {
@@ -286,12 +292,8 @@ impl RedisNodes {
         self.nodes.len()
     }
 
-    /// How many nodes that are up hold `key`.
-    pub fn count_key(&self, key: &str) -> usize {
-        self.nodes
-            .iter()
-            .filter(|n| n.is_running() && n.get(key).is_some())
-            .count()
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
     }
 }
 

@@ -1,6 +1,7 @@
 //! A fault-injecting TCP proxy on loopback, put between the engine and one Redis node.
-//! Runs on its own thread and runtime, so sync and async tests can use it alike.
+//! Runs on its own thread and runtime, so sync and async callers can use it alike.
 
+use super::HarnessError;
 use std::net::SocketAddr;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -31,22 +32,33 @@ pub struct FaultProxy {
 
 impl FaultProxy {
     /// Starts a proxy on a free loopback port that forwards to `target` (a `host:port`).
-    pub fn start(target: &str) -> Self {
-        let target: SocketAddr = target.parse().expect("proxy target host:port");
+    pub fn start(target: &str) -> Result<Self, HarnessError> {
+        let target: SocketAddr = target.parse().map_err(|_| {
+            HarnessError::Io(
+                "parse the proxy target",
+                std::io::Error::new(std::io::ErrorKind::InvalidInput, target.to_string()),
+            )
+        })?;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0")
+            .map_err(|e| HarnessError::Io("bind the proxy", e))?;
+        let addr = listener
+            .local_addr()
+            .map_err(|e| HarnessError::Io("read the proxy address", e))?;
+        listener
+            .set_nonblocking(true)
+            .map_err(|e| HarnessError::Io("configure the proxy socket", e))?;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| HarnessError::Io("start the proxy runtime", e))?;
         let (mode, mode_rx) = watch::channel(ProxyMode::Forward);
         let (cut, cut_rx) = watch::channel(0u64);
         let (shutdown, shutdown_rx) = tokio::sync::oneshot::channel();
-        let (addr_tx, addr_rx) = std::sync::mpsc::channel();
         let thread = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("proxy runtime");
             runtime.block_on(async move {
-                let listener = TcpListener::bind("127.0.0.1:0").await.expect("proxy bind");
-                addr_tx
-                    .send(listener.local_addr().expect("proxy addr"))
-                    .expect("send proxy addr");
+                let Ok(listener) = TcpListener::from_std(listener) else {
+                    return;
+                };
                 let accept = accept_loop(listener, target, mode_rx, cut_rx);
                 tokio::select! {
                     _ = accept => {}
@@ -54,14 +66,18 @@ impl FaultProxy {
                 }
             });
         });
-        let addr = addr_rx.recv().expect("proxy start");
-        Self {
+        Ok(Self {
             addr,
             mode,
             cut,
             shutdown: Some(shutdown),
             thread: Some(thread),
-        }
+        })
+    }
+
+    /// The `host:port` clients connect to.
+    pub fn addr(&self) -> String {
+        self.addr.to_string()
     }
 
     pub fn url(&self) -> String {
