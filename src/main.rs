@@ -37,6 +37,15 @@ enum Command {
     Operator(Box<lockedjob::controller::OperatorArgs>),
     /// Print the LockedJob CustomResourceDefinition (YAML), as committed in crds/.
     Crd,
+    /// Lock-safety lab: run lock clients against local redis-server nodes under a scripted
+    /// fault, check the history, write report.json and timeline.svg.
+    ///
+    /// Needs redis-server (and cc for clock-jump). Exit codes: 0 the verdict is the one the
+    /// scenario should reach; 1 it is not; 64 bad usage; 69 a part could not be started.
+    Lab(lockedjob::lab::LabArgs),
+    /// One client of the lab (started by `lockedjob lab`).
+    #[command(hide = true)]
+    LabClient(lockedjob::lab::client::ClientArgs),
 }
 
 fn main() {
@@ -53,6 +62,9 @@ fn main() {
         return;
     }
     init_logging(cli.log_format);
+    if let Command::Lab(args) = cli.command {
+        std::process::exit(lockedjob::lab::run(args));
+    }
     let _ = rustls::crypto::ring::default_provider().install_default();
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(runtime) => runtime,
@@ -65,7 +77,8 @@ fn main() {
         match cli.command {
             Command::Exec(args) => exec::run(*args).await,
             Command::Operator(args) => lockedjob::controller::run(*args).await,
-            Command::Crd => 0,
+            Command::LabClient(args) => lockedjob::lab::client::run(args).await,
+            Command::Crd | Command::Lab(_) => 0,
         }
     });
     // Pending background work (a connection attempt to a dead node) must not delay the exit.

@@ -1,4 +1,305 @@
-//! The lock-safety lab: runs clients against local `redis-server` nodes under a scripted fault,
-//! records every lock operation and critical section, checks the history, and draws it.
+//! The lock-safety lab: runs lock clients (separate processes) against local `redis-server`
+//! nodes under a scripted fault, records every lock operation and critical section, checks the
+//! history, and writes `report.json` and `timeline.svg`.
+//!
+//! Needs `redis-server` (and `cc` for `clock-jump`) on the machine; see the README.
 
+pub mod checker;
+pub mod client;
 pub mod harness;
+pub mod history;
+mod scenarios;
+pub mod timeline;
+
+use checker::{Findings, Verdict};
+use clap::{Args, ValueEnum};
+use history::History;
+use serde::Serialize;
+use std::path::{Path, PathBuf};
+
+/// Exit codes of `lockedjob lab`.
+pub const EXIT_AS_EXPECTED: i32 = 0;
+pub const EXIT_UNEXPECTED: i32 = 1;
+pub const EXIT_USAGE: i32 = 64;
+pub const EXIT_UNAVAILABLE: i32 = 69;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Scenario {
+    /// 5 nodes, 8 clients, no fault: no overlap, tokens increasing.
+    Baseline,
+    /// kill -9 and restart nodes one at a time (appendfsync always, restart delay): no overlap.
+    NodeCrash,
+    /// A majority of nodes restart empty with no delay while a lock is held: overlap is
+    /// possible and reported; the fencing check says whether fenced storage stayed safe.
+    RestartNoPersistence,
+    /// One node's clock jumps past the TTL while the holder has exactly a majority
+    /// (Kleppmann): overlap reported; the later holder's larger token fences the earlier.
+    ClockJump,
+    /// The holder is stopped (SIGSTOP) past its TTL: another client acquires; the paused
+    /// client's writes are refused by the fenced store after it wakes.
+    ClientPause,
+    /// The holder is cut from a majority: its watchdog gives up before the deadline; no overlap.
+    Partition,
+    /// Latency near the TTL on every path: acquisitions fail rather than return a lease with
+    /// no validity; no overlap.
+    SlowNetwork,
+    /// Every scenario above, one after the other, each in its own subdirectory.
+    All,
+}
+
+impl Scenario {
+    const EACH: [Scenario; 7] = [
+        Scenario::Baseline,
+        Scenario::NodeCrash,
+        Scenario::RestartNoPersistence,
+        Scenario::ClockJump,
+        Scenario::ClientPause,
+        Scenario::Partition,
+        Scenario::SlowNetwork,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Scenario::Baseline => "baseline",
+            Scenario::NodeCrash => "node-crash",
+            Scenario::RestartNoPersistence => "restart-no-persistence",
+            Scenario::ClockJump => "clock-jump",
+            Scenario::ClientPause => "client-pause",
+            Scenario::Partition => "partition",
+            Scenario::SlowNetwork => "slow-network",
+            Scenario::All => "all",
+        }
+    }
+
+    /// The verdicts this scenario may reach and still show what it is meant to show.
+    pub fn expected(self) -> &'static [Verdict] {
+        match self {
+            Scenario::Baseline
+            | Scenario::NodeCrash
+            | Scenario::Partition
+            | Scenario::SlowNetwork => &[Verdict::Safe],
+            // The documented hazard: whatever happens is shown, not prevented.
+            Scenario::RestartNoPersistence => &[Verdict::Safe, Verdict::Fenced, Verdict::Unsafe],
+            Scenario::ClockJump | Scenario::ClientPause => &[Verdict::Fenced],
+            Scenario::All => &[],
+        }
+    }
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct LabArgs {
+    pub scenario: Scenario,
+    /// How long the clients run under the fault.
+    #[arg(long, default_value_t = 20)]
+    pub seconds: u64,
+    /// Where report.json and timeline.svg go (a subdirectory per scenario with `all`).
+    #[arg(long, default_value = "lab-out")]
+    pub out: PathBuf,
+    #[arg(long, default_value_t = 8)]
+    pub clients: u32,
+    /// Lock nodes (odd, at least 5: the scenarios fault up to two of them).
+    #[arg(long, default_value_t = 5)]
+    pub nodes: u32,
+    /// Lock TTL in milliseconds; faults are timed in multiples of it.
+    #[arg(long, default_value_t = 1000)]
+    pub ttl_ms: u64,
+}
+
+/// What went wrong running the lab.
+#[derive(Debug, thiserror::Error)]
+pub enum LabError {
+    #[error(transparent)]
+    Harness(#[from] harness::HarnessError),
+    #[error("cannot {0}: {1}")]
+    Io(&'static str, #[source] std::io::Error),
+    #[error("cannot read the fenced store's log: {0}")]
+    Store(#[source] redis::RedisError),
+    #[error("a history collector panicked")]
+    Poisoned,
+    #[error("{0}")]
+    Usage(String),
+}
+
+#[derive(Debug, Serialize)]
+struct Fencing {
+    tokens_strictly_increasing: bool,
+    writes: u64,
+    stale_writes_refused: u64,
+    stale_writes_accepted: usize,
+    /// Writes an unfenced store would have taken from a superseded holder, each overwriting
+    /// data a newer holder had written.
+    unfenced_store_would_have_lost: u64,
+    fenced_store_safe: bool,
+}
+
+#[derive(Debug, Serialize)]
+struct Violations {
+    overlaps: usize,
+    past_deadline: usize,
+    token_order: usize,
+    no_validity: usize,
+    stale_writes_accepted: usize,
+}
+
+#[derive(Debug, Serialize)]
+struct Report<'a> {
+    scenario: &'static str,
+    description: String,
+    parameters: &'a scenarios::Parameters,
+    /// Each injected fault, as "{seconds from the start}s {what}".
+    faults: Vec<String>,
+    counts: checker::Counts,
+    violations: Violations,
+    fencing: Fencing,
+    verdict: Verdict,
+    expected: &'static [Verdict],
+    as_expected: bool,
+    findings: &'a Findings,
+}
+
+fn description(scenario: Scenario) -> String {
+    use clap::ValueEnum as _;
+    scenario
+        .to_possible_value()
+        .and_then(|v| v.get_help().map(|h| h.to_string()))
+        .unwrap_or_default()
+}
+
+/// Runs the lab; returns the exit code.
+pub fn run(args: LabArgs) -> i32 {
+    if args.nodes < 5 || args.nodes.is_multiple_of(2) {
+        eprintln!(
+            "lockedjob lab: --nodes must be odd and at least 5 (got {})",
+            args.nodes
+        );
+        return EXIT_USAGE;
+    }
+    if args.clients < 2 || args.seconds < 3 || args.ttl_ms < 200 {
+        eprintln!("lockedjob lab: needs --clients >= 2, --seconds >= 3, --ttl-ms >= 200");
+        return EXIT_USAGE;
+    }
+    let scenarios: Vec<Scenario> = if args.scenario == Scenario::All {
+        Scenario::EACH.to_vec()
+    } else {
+        vec![args.scenario]
+    };
+    let mut code = EXIT_AS_EXPECTED;
+    for scenario in scenarios {
+        let out = if args.scenario == Scenario::All {
+            args.out.join(scenario.name())
+        } else {
+            args.out.clone()
+        };
+        match run_one(scenario, &args, &out) {
+            Ok(true) => {}
+            Ok(false) => code = EXIT_UNEXPECTED,
+            Err(e) => {
+                eprintln!("lockedjob lab {}: {e}", scenario.name());
+                return EXIT_UNAVAILABLE;
+            }
+        }
+    }
+    code
+}
+
+fn run_one(scenario: Scenario, args: &LabArgs, out: &Path) -> Result<bool, LabError> {
+    let parameters = scenarios::Parameters::for_scenario(
+        scenario,
+        args.clients,
+        args.nodes,
+        args.seconds,
+        args.ttl_ms,
+    );
+    eprintln!(
+        "lockedjob lab {}: {} clients, {} nodes, {} s, TTL {} ms ...",
+        scenario.name(),
+        args.clients,
+        args.nodes,
+        args.seconds,
+        args.ttl_ms
+    );
+    let history = scenarios::run(scenario, &parameters)?;
+    let findings = checker::check(&history);
+    let verdict = findings.verdict();
+    let as_expected = scenario.expected().contains(&verdict);
+    write_outputs(scenario, &parameters, &history, &findings, out)?;
+    eprintln!(
+        "lockedjob lab {}: verdict {:?} ({}) — {} acquisitions, {} failed attempts, {} lease losses, {} overlaps, {} acts past a deadline, {} token-order violations, {} stale writes refused; {}",
+        scenario.name(),
+        verdict,
+        if as_expected { "as expected" } else { "NOT as expected" },
+        findings.counts.acquisitions,
+        findings.counts.acquire_failures,
+        findings.counts.lease_losses,
+        findings.overlaps.len(),
+        findings.past_deadline.len(),
+        findings.token_order.len(),
+        findings.stale_writes_rejected,
+        out.display()
+    );
+    Ok(as_expected)
+}
+
+fn write_outputs(
+    scenario: Scenario,
+    parameters: &scenarios::Parameters,
+    history: &History,
+    findings: &Findings,
+    out: &Path,
+) -> Result<(), LabError> {
+    std::fs::create_dir_all(out).map_err(|e| LabError::Io("create the output directory", e))?;
+    let verdict = findings.verdict();
+    let report = Report {
+        scenario: scenario.name(),
+        description: description(scenario),
+        parameters,
+        faults: history
+            .faults
+            .iter()
+            .map(|f| format!("{:.3}s {}", f.at_us as f64 / 1e6, f.label))
+            .collect(),
+        counts: findings.counts,
+        violations: Violations {
+            overlaps: findings.overlaps.len(),
+            past_deadline: findings.past_deadline.len(),
+            token_order: findings.token_order.len(),
+            no_validity: findings.no_validity.len(),
+            stale_writes_accepted: findings.stale_writes_accepted.len(),
+        },
+        fencing: Fencing {
+            tokens_strictly_increasing: findings.token_order.is_empty(),
+            writes: findings.counts.writes,
+            stale_writes_refused: findings.stale_writes_rejected,
+            stale_writes_accepted: findings.stale_writes_accepted.len(),
+            unfenced_store_would_have_lost: findings.stale_writes_rejected,
+            fenced_store_safe: findings.stale_writes_accepted.is_empty()
+                && findings.token_order.is_empty(),
+        },
+        verdict,
+        expected: scenario.expected(),
+        as_expected: scenario.expected().contains(&verdict),
+        findings,
+    };
+    let json = serde_json::to_string_pretty(&report)
+        .map_err(|e| LabError::Io("encode the report", std::io::Error::other(e)))?;
+    std::fs::write(out.join("report.json"), json + "\n")
+        .map_err(|e| LabError::Io("write report.json", e))?;
+    let history_json = serde_json::to_string(history)
+        .map_err(|e| LabError::Io("encode the history", std::io::Error::other(e)))?;
+    std::fs::write(out.join("history.json"), history_json)
+        .map_err(|e| LabError::Io("write history.json", e))?;
+    let title = format!(
+        "lockedjob lab: {} ({} clients, {} nodes, TTL {} ms)",
+        scenario.name(),
+        parameters.clients,
+        parameters.nodes,
+        parameters.ttl_ms
+    );
+    std::fs::write(
+        out.join("timeline.svg"),
+        timeline::render(&title, history, findings),
+    )
+    .map_err(|e| LabError::Io("write timeline.svg", e))?;
+    Ok(())
+}

@@ -1,0 +1,455 @@
+//! The scripted faults. Each scenario starts its nodes, clients and proxies, breaks things on
+//! a schedule while the clients run, and collects the history.
+
+use super::client::STORE_LOG_KEY;
+use super::harness::{FaultProxy, HarnessError, Persistence, ProxyMode, RedisNode, RedisNodes};
+use super::history::{monotonic_us, ClientEvent, Fault, History, NodeEvent, NodeState, StoreWrite};
+use super::{LabError, Scenario};
+use std::io::BufRead;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Knobs of one run.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Parameters {
+    pub clients: u32,
+    pub nodes: u32,
+    pub seconds: u64,
+    pub ttl_ms: u64,
+    pub hold_ms: u64,
+    pub work_ms: u64,
+    pub request_timeout_ms: u64,
+    pub persistence: &'static str,
+    /// How long a killed node stays down before it restarts (node-crash).
+    pub restart_delay_ms: u64,
+}
+
+impl Parameters {
+    pub fn for_scenario(
+        scenario: Scenario,
+        clients: u32,
+        nodes: u32,
+        seconds: u64,
+        ttl_ms: u64,
+    ) -> Self {
+        let (hold_ms, request_timeout_ms) = match scenario {
+            // Long stays, so a holder is inside when the fault hits it.
+            Scenario::RestartNoPersistence | Scenario::ClockJump | Scenario::Partition => {
+                (ttl_ms * 3, 100)
+            }
+            Scenario::ClientPause => (ttl_ms, 100),
+            // Requests must be allowed to take as long as the latency the scenario adds, or
+            // they time out before the validity check is ever reached.
+            Scenario::SlowNetwork => (ttl_ms / 2, ttl_ms * 2),
+            _ => (ttl_ms / 4, 100),
+        };
+        Self {
+            clients,
+            nodes,
+            seconds,
+            ttl_ms,
+            hold_ms,
+            work_ms: (ttl_ms / 50).max(5),
+            request_timeout_ms,
+            persistence: if scenario == Scenario::RestartNoPersistence {
+                "none"
+            } else {
+                "appendonly yes, appendfsync always"
+            },
+            restart_delay_ms: ttl_ms + ttl_ms / 2,
+        }
+    }
+}
+
+const LOCK: &str = "lab";
+
+/// The client id in a lock value `lab/client-{id}/{random}`.
+fn client_of(value: &str) -> Option<u32> {
+    value
+        .strip_prefix("lab/client-")?
+        .split('/')
+        .next()?
+        .parse()
+        .ok()
+}
+const LOCK_KEY: &str = "lockedjob:lock:lab";
+
+/// What is running, and the history being recorded.
+struct Run {
+    nodes: RedisNodes,
+    store: RedisNode,
+    /// `proxies[client][node]`, when the scenario cuts or slows single paths.
+    proxies: Vec<Vec<FaultProxy>>,
+    clients: Vec<Child>,
+    readers: Vec<std::thread::JoinHandle<()>>,
+    events: Arc<Mutex<Vec<ClientEvent>>>,
+    node_events: Vec<NodeEvent>,
+    faults: Vec<Fault>,
+}
+
+impl Run {
+    fn fault(&mut self, label: impl Into<String>) {
+        let label = label.into();
+        tracing::info!(fault = %label, "lab");
+        self.faults.push(Fault {
+            at_us: monotonic_us(),
+            label,
+        });
+    }
+
+    fn node_state(&mut self, node: usize, state: NodeState) {
+        self.node_events.push(NodeEvent {
+            at_us: monotonic_us(),
+            node: node as u32,
+            state,
+        });
+    }
+
+    /// Waits up to `limit` for a holder visible on `node`.
+    fn wait_holder(&self, node: usize, limit: Duration) -> Option<u32> {
+        self.wait_lease(node, None, limit).map(|(client, _)| client)
+    }
+
+    /// Waits up to `limit` for a lease on `node` other than `previous` (a lock value); returns
+    /// its client and value.
+    fn wait_lease(
+        &self,
+        node: usize,
+        previous: Option<&str>,
+        limit: Duration,
+    ) -> Option<(u32, String)> {
+        let until = Instant::now() + limit;
+        while Instant::now() < until {
+            let value: Option<String> = self.nodes[node].command(&["GET", LOCK_KEY]).ok().flatten();
+            if let Some(value) = value.filter(|v| Some(v.as_str()) != previous) {
+                if let Some(client) = client_of(&value) {
+                    return Some((client, value));
+                }
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        None
+    }
+
+    /// Sets every client's path to `nodes` to `mode`.
+    fn set_paths(&mut self, nodes: std::ops::Range<usize>, mode: ProxyMode, state: NodeState) {
+        for node in nodes {
+            for paths in &self.proxies {
+                paths[node].set_mode(mode);
+            }
+            self.node_state(node, state);
+        }
+    }
+
+    fn signal_client(&self, client: u32, signal: nix::sys::signal::Signal) {
+        let pid = nix::unistd::Pid::from_raw(self.clients[client as usize].id() as i32);
+        let _ = nix::sys::signal::kill(pid, signal);
+    }
+}
+
+fn start(scenario: Scenario, p: &Parameters) -> Result<Run, LabError> {
+    let persistence = if scenario == Scenario::RestartNoPersistence {
+        Persistence::None
+    } else {
+        Persistence::AppendFsyncAlways
+    };
+    let nodes = RedisNodes::start_where(p.nodes as usize, persistence, |i| {
+        scenario == Scenario::ClockJump && i == 2
+    })?;
+    let store = RedisNode::start(Persistence::None)?;
+    let proxies = if matches!(
+        scenario,
+        Scenario::Partition | Scenario::SlowNetwork | Scenario::ClockJump
+    ) {
+        (0..p.clients)
+            .map(|_| {
+                nodes
+                    .nodes
+                    .iter()
+                    .map(|n| FaultProxy::start(&n.addr()))
+                    .collect::<Result<Vec<_>, HarnessError>>()
+            })
+            .collect::<Result<Vec<_>, _>>()?
+    } else {
+        Vec::new()
+    };
+    let exe = std::env::current_exe().map_err(|e| LabError::Io("find this program", e))?;
+    let events = Arc::new(Mutex::new(Vec::new()));
+    let mut run = Run {
+        nodes,
+        store,
+        proxies,
+        clients: Vec::new(),
+        readers: Vec::new(),
+        events,
+        node_events: Vec::new(),
+        faults: Vec::new(),
+    };
+    for id in 0..p.clients {
+        let urls: Vec<String> = match run.proxies.get(id as usize) {
+            Some(paths) => paths.iter().map(FaultProxy::url).collect(),
+            None => run.nodes.urls(),
+        };
+        let mut child = Command::new(&exe)
+            .arg("lab-client")
+            .args(["--id", &id.to_string()])
+            .args(["--nodes", &urls.join(",")])
+            .args(["--store", &run.store.url()])
+            .args(["--lock", LOCK])
+            .args(["--ttl-ms", &p.ttl_ms.to_string()])
+            .args(["--hold-ms", &p.hold_ms.to_string()])
+            .args(["--work-ms", &p.work_ms.to_string()])
+            .args(["--request-timeout-ms", &p.request_timeout_ms.to_string()])
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .map_err(|e| LabError::Io("start a lab client", e))?;
+        let Some(stdout) = child.stdout.take() else {
+            return Err(LabError::Io(
+                "read a lab client's output",
+                std::io::Error::other("no stdout"),
+            ));
+        };
+        run.clients.push(child);
+        let events = Arc::clone(&run.events);
+        run.readers.push(std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if let Ok(event) = serde_json::from_str::<ClientEvent>(&line) {
+                    if let Ok(mut all) = events.lock() {
+                        all.push(event);
+                    }
+                }
+            }
+        }));
+    }
+    Ok(run)
+}
+
+/// Runs `scenario` and returns its history, times relative to the clients' start.
+pub fn run(scenario: Scenario, p: &Parameters) -> Result<History, LabError> {
+    let mut run = start(scenario, p)?;
+    let origin = monotonic_us();
+    let end = Instant::now() + Duration::from_secs(p.seconds);
+    let ttl = Duration::from_millis(p.ttl_ms);
+    let outcome = script(scenario, p, &mut run, end, ttl);
+    // Stop the clients: SIGCONT first in case one is paused, then SIGTERM; they leave their
+    // section, release, and exit.
+    for id in 0..p.clients {
+        run.signal_client(id, nix::sys::signal::Signal::SIGCONT);
+        run.signal_client(id, nix::sys::signal::Signal::SIGTERM);
+    }
+    for proxy in run.proxies.iter().flatten() {
+        proxy.set_mode(ProxyMode::Forward);
+    }
+    let stop_by = Instant::now() + ttl * 3 + Duration::from_secs(2);
+    for child in &mut run.clients {
+        while Instant::now() < stop_by && matches!(child.try_wait(), Ok(None)) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    let end_us = monotonic_us();
+    for reader in run.readers.drain(..) {
+        let _ = reader.join();
+    }
+    outcome?;
+    let store_log: Vec<String> = run
+        .store
+        .command(&["LRANGE", STORE_LOG_KEY, "0", "-1"])
+        .map_err(LabError::Store)?;
+    let store_log = store_log
+        .iter()
+        .filter_map(|entry| {
+            let mut parts = entry.split(':');
+            Some(StoreWrite {
+                client: parts.next()?.parse().ok()?,
+                token: parts.next()?.parse().ok()?,
+                accepted: parts.next()? == "1",
+            })
+        })
+        .collect();
+    let events = std::mem::take(&mut *run.events.lock().map_err(|_| LabError::Poisoned)?);
+    let mut history = History {
+        clients: p.clients,
+        nodes: p.nodes,
+        end_us,
+        events,
+        node_events: std::mem::take(&mut run.node_events),
+        faults: std::mem::take(&mut run.faults),
+        store_log,
+    };
+    history.rebase(origin, end_us);
+    Ok(history)
+}
+
+fn sleep_until(at: Instant) {
+    let now = Instant::now();
+    if at > now {
+        std::thread::sleep(at - now);
+    }
+}
+
+/// The fault schedule of each scenario, run until `end`.
+fn script(
+    scenario: Scenario,
+    p: &Parameters,
+    run: &mut Run,
+    end: Instant,
+    ttl: Duration,
+) -> Result<(), LabError> {
+    let n = p.nodes as usize;
+    let majority = n / 2 + 1;
+    match scenario {
+        Scenario::Baseline => sleep_until(end),
+        Scenario::NodeCrash => {
+            // One node at a time: kill -9, stay down for the restart delay, come back with its
+            // append-only file, then a pause before the next.
+            let delay = Duration::from_millis(p.restart_delay_ms);
+            let mut node = 0;
+            std::thread::sleep(ttl / 2);
+            while Instant::now() + delay < end {
+                run.fault(format!("kill -9 redis {node}"));
+                run.nodes[node].kill9();
+                run.node_state(node, NodeState::Down);
+                std::thread::sleep(delay);
+                run.nodes[node].restart()?;
+                run.node_state(node, NodeState::Up);
+                std::thread::sleep(ttl / 4);
+                node = (node + 1) % n;
+            }
+            sleep_until(end);
+        }
+        Scenario::RestartNoPersistence => {
+            // While someone holds the lock, restart a majority of nodes empty, at once, with no
+            // delay: the lock (and the fence) are forgotten there.
+            while Instant::now() + ttl * 2 < end {
+                let Some(holder) = run.wait_holder(0, ttl * 2) else {
+                    continue;
+                };
+                run.fault(format!(
+                    "client {holder} holds; restart redis 0-{} empty",
+                    majority - 1
+                ));
+                for node in 0..majority {
+                    run.nodes[node].restart()?;
+                    run.node_state(node, NodeState::Emptied);
+                }
+                std::thread::sleep(ttl * 2);
+            }
+            sleep_until(end);
+        }
+        Scenario::ClockJump => {
+            // Kleppmann's sequence: nodes 3.. become unreachable (connections refused, so no
+            // request lands later), so the next holder gets exactly a majority {0, 1, 2};
+            // they come back; node 2's clock jumps past the TTL and its copy of the lock
+            // expires; another client then wins {2, 3, ..} while the first still holds.
+            let mut jumped = Duration::ZERO;
+            while Instant::now() + ttl * 3 < end {
+                std::thread::sleep(ttl);
+                let before: Option<String> =
+                    run.nodes[2].command(&["GET", LOCK_KEY]).ok().flatten();
+                run.set_paths(majority..n, ProxyMode::Reject, NodeState::Partitioned);
+                run.fault(format!("redis {majority}-{} unreachable", n - 1));
+                // A lease taken from now on lives on {0, 1, 2} only.
+                let holder = run
+                    .wait_lease(2, before.as_deref(), ttl * 5)
+                    .map(|(client, _)| client);
+                run.set_paths(majority..n, ProxyMode::Forward, NodeState::Up);
+                let Some(holder) = holder else { continue };
+                jumped += ttl * 3;
+                run.nodes[2].shift_clock(jumped)?;
+                run.node_state(
+                    2,
+                    NodeState::Skewed {
+                        offset_ms: jumped.as_millis() as u64,
+                    },
+                );
+                run.fault(format!(
+                    "client {holder} holds 0-2; redis 2 clock +{}s",
+                    (ttl * 3).as_secs_f64()
+                ));
+                std::thread::sleep(ttl * 3);
+            }
+            sleep_until(end);
+        }
+        Scenario::ClientPause => {
+            // The holder stops (SIGSTOP, like a long GC pause) for three TTLs, mid-section.
+            while Instant::now() + ttl * 4 < end {
+                let Some(holder) = run.wait_holder(0, ttl * 2) else {
+                    continue;
+                };
+                std::thread::sleep(ttl / 5);
+                run.fault(format!("SIGSTOP client {holder}"));
+                run.signal_client(holder, nix::sys::signal::Signal::SIGSTOP);
+                std::thread::sleep(ttl * 3);
+                run.signal_client(holder, nix::sys::signal::Signal::SIGCONT);
+                run.fault(format!("SIGCONT client {holder}"));
+                std::thread::sleep(ttl);
+            }
+            sleep_until(end);
+        }
+        Scenario::Partition => {
+            // The holder loses its paths to a majority of nodes for three TTLs; everyone else
+            // still reaches all nodes.
+            while Instant::now() + ttl * 4 < end {
+                let Some(holder) = run.wait_holder(0, ttl * 2) else {
+                    continue;
+                };
+                std::thread::sleep(ttl / 5);
+                run.fault(format!("cut client {holder} from redis 0-{}", majority - 1));
+                for node in 0..majority {
+                    run.proxies[holder as usize][node].set_mode(ProxyMode::Blackhole);
+                    run.node_state(node, NodeState::Partitioned);
+                }
+                std::thread::sleep(ttl * 3);
+                for node in 0..majority {
+                    run.proxies[holder as usize][node].set_mode(ProxyMode::Forward);
+                    run.node_state(node, NodeState::Up);
+                }
+                run.fault(format!("heal client {holder}"));
+                std::thread::sleep(ttl);
+            }
+            sleep_until(end);
+        }
+        Scenario::SlowNetwork => {
+            // Latency on every path, in steps up to past half the TTL each way (a lock round
+            // then costs more than the TTL), and back down.
+            let steps = [0u64, 10, 25, 40, 55, 40, 10];
+            let step_time = Duration::from_secs(p.seconds) / steps.len() as u32;
+            for (i, percent) in steps.into_iter().enumerate() {
+                let delay = Duration::from_millis(p.ttl_ms * percent / 100);
+                if i > 0 {
+                    run.fault(format!("latency {} ms each way", delay.as_millis()));
+                }
+                for proxy in run.proxies.iter().flatten() {
+                    proxy.set_mode(if delay.is_zero() {
+                        ProxyMode::Forward
+                    } else {
+                        ProxyMode::Delay(delay)
+                    });
+                }
+                for node in 0..n {
+                    run.node_state(
+                        node,
+                        if delay.is_zero() {
+                            NodeState::Up
+                        } else {
+                            NodeState::Slow {
+                                delay_ms: delay.as_millis() as u64,
+                            }
+                        },
+                    );
+                }
+                sleep_until((Instant::now() + step_time).min(end));
+            }
+            sleep_until(end);
+        }
+        Scenario::All => {}
+    }
+    Ok(())
+}

@@ -1,0 +1,99 @@
+//! The lab's short forms (scenarios 1, 2, 6, 7 of the lock-safety lab), run through the real
+//! `lockedjob lab` binary: real redis-server nodes, client processes, faults. Each must reach
+//! its expected verdict and leave a report and a timeline. The full runs of all seven
+//! scenarios are one command in the README.
+
+mod support;
+
+use std::process::Command;
+use std::sync::Mutex;
+
+/// One lab at a time: each starts 8 client processes and 6 servers, and their timing is
+/// what is checked.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+fn lab(scenario: &str, seconds: u64) -> serde_json::Value {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let out = tempfile::tempdir().expect("temp dir");
+    // A 2 s TTL leaves the watchdog 200 ms between giving up and the deadline, so a loaded
+    // CI machine's scheduling delays do not read as lease violations.
+    let run = Command::new(support::lockedjob_bin())
+        .args([
+            "lab",
+            scenario,
+            "--seconds",
+            &seconds.to_string(),
+            "--ttl-ms",
+            "2000",
+        ])
+        .arg("--out")
+        .arg(out.path())
+        .output()
+        .expect("run lockedjob lab");
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    let report = std::fs::read_to_string(out.path().join("report.json"))
+        .unwrap_or_else(|e| panic!("no report.json ({e}); lab said:\n{stderr}"));
+    let report: serde_json::Value = serde_json::from_str(&report).expect("report is JSON");
+    let svg = std::fs::read_to_string(out.path().join("timeline.svg")).expect("timeline.svg");
+    assert!(svg.starts_with("<svg") && svg.contains("class=\"lane\">redis 4"));
+    assert_eq!(
+        run.status.code(),
+        Some(0),
+        "lab {scenario} did not reach its expected verdict:\n{stderr}\n{report:#}"
+    );
+    assert_eq!(report["scenario"], scenario);
+    assert_eq!(report["as_expected"], true);
+    report
+}
+
+fn count(report: &serde_json::Value, field: &str) -> u64 {
+    report["counts"][field].as_u64().unwrap_or_default()
+}
+
+fn assert_safe_and_busy(report: &serde_json::Value) {
+    assert_eq!(report["verdict"], "safe", "{report:#}");
+    assert_eq!(report["fencing"]["tokens_strictly_increasing"], true);
+    assert_eq!(report["fencing"]["fenced_store_safe"], true);
+    assert!(count(report, "acquisitions") >= 2, "{report:#}");
+    assert!(count(report, "writes") >= 2, "{report:#}");
+}
+
+#[test]
+fn baseline_is_safe() {
+    let report = lab("baseline", 6);
+    assert_safe_and_busy(&report);
+    assert_eq!(count(&report, "lease_losses"), 0, "{report:#}");
+}
+
+#[test]
+fn node_crash_with_fsync_and_restart_delay_is_safe() {
+    let report = lab("node-crash", 12);
+    assert_safe_and_busy(&report);
+    let kills = report["faults"]
+        .as_array()
+        .expect("faults listed")
+        .iter()
+        .filter(|f| f.as_str().is_some_and(|f| f.contains("kill -9 redis")))
+        .count();
+    assert!(kills >= 2, "nodes were killed and restarted: {report:#}");
+}
+
+#[test]
+fn partitioned_holder_gives_up_before_its_deadline() {
+    let report = lab("partition", 12);
+    assert_safe_and_busy(&report);
+    // The cut holder's watchdog fired (and nobody overlapped it).
+    assert!(count(&report, "lease_losses") >= 1, "{report:#}");
+    assert!(
+        report["faults"].to_string().contains("cut client"),
+        "{report:#}"
+    );
+}
+
+#[test]
+fn slow_network_fails_acquisitions_instead_of_granting_expired_leases() {
+    let report = lab("slow-network", 10);
+    assert_safe_and_busy(&report);
+    assert!(count(&report, "acquire_failures") >= 1, "{report:#}");
+    assert_eq!(report["violations"]["no_validity"], 0);
+}
