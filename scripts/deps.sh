@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the tests and the quickstart need, when missing.
-# Usage: scripts/deps.sh [package...]   (default: redis-server faketime)
+# Usage: scripts/deps.sh [package...]   (default: redis-server)
 set -euo pipefail
 
 packages=("$@")
-[ ${#packages[@]} -gt 0 ] || packages=(redis-server faketime)
+[ ${#packages[@]} -gt 0 ] || packages=(redis-server)
 
 missing=()
 for pkg in "${packages[@]}"; do

@@ -3,7 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-scripts/deps.sh redis-server faketime
+scripts/deps.sh redis-server
 # The bundled redis-server service is not used: tests start their own nodes on free ports.
 command -v redis-server >/dev/null
 # Kubernetes' OpenAPI schemas, offline, for the manifest checks in tests/chart.rs.

@@ -108,23 +108,26 @@ impl Run {
 
     /// Waits up to `limit` for a holder visible on `node`.
     fn wait_holder(&self, node: usize, limit: Duration) -> Option<u32> {
-        self.wait_lease(node, None, limit).map(|(client, _)| client)
+        self.wait_lease(&[node], None, limit)
     }
 
-    /// Waits up to `limit` for a lease on `node` other than `previous` (a lock value); returns
-    /// its client and value.
-    fn wait_lease(
-        &self,
-        node: usize,
-        previous: Option<&str>,
-        limit: Duration,
-    ) -> Option<(u32, String)> {
+    /// Waits up to `limit` for one lease, other than `previous` (a lock value), on every node
+    /// of `nodes`; returns its client. Requiring several nodes to agree skips the keys that
+    /// losing attempts hold for a moment on single nodes.
+    fn wait_lease(&self, nodes: &[usize], previous: Option<&str>, limit: Duration) -> Option<u32> {
         let until = Instant::now() + limit;
         while Instant::now() < until {
-            let value: Option<String> = self.nodes[node].command(&["GET", LOCK_KEY]).ok().flatten();
-            if let Some(value) = value.filter(|v| Some(v.as_str()) != previous) {
-                if let Some(client) = client_of(&value) {
-                    return Some((client, value));
+            let values: Vec<Option<String>> = nodes
+                .iter()
+                .map(|&n| self.nodes[n].command(&["GET", LOCK_KEY]).ok().flatten())
+                .collect();
+            if let Some(Some(value)) = values.first() {
+                if values.iter().all(|v| v.as_ref() == Some(value))
+                    && Some(value.as_str()) != previous
+                {
+                    if let Some(client) = client_of(value) {
+                        return Some(client);
+                    }
                 }
             }
             std::thread::sleep(Duration::from_millis(5));
@@ -201,7 +204,8 @@ fn start(scenario: Scenario, p: &Parameters) -> Result<Run, LabError> {
             .args(["--hold-ms", &p.hold_ms.to_string()])
             .args(["--work-ms", &p.work_ms.to_string()])
             .args(["--request-timeout-ms", &p.request_timeout_ms.to_string()])
-            .env("RUST_LOG", "warn")
+            // Everything a client does is in its history; its logs would only repeat it.
+            .env("RUST_LOG", "off")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -356,9 +360,8 @@ fn script(
                 run.set_paths(majority..n, ProxyMode::Reject, NodeState::Partitioned);
                 run.fault(format!("redis {majority}-{} unreachable", n - 1));
                 // A lease taken from now on lives on {0, 1, 2} only.
-                let holder = run
-                    .wait_lease(2, before.as_deref(), ttl * 5)
-                    .map(|(client, _)| client);
+                let exactly_a_majority: Vec<usize> = (0..majority).collect();
+                let holder = run.wait_lease(&exactly_a_majority, before.as_deref(), ttl * 5);
                 run.set_paths(majority..n, ProxyMode::Forward, NodeState::Up);
                 let Some(holder) = holder else { continue };
                 jumped += ttl * 3;
