@@ -15,7 +15,8 @@ use futures::StreamExt;
 use k8s_openapi::api::batch::v1::Job;
 use kube::runtime::controller::Controller;
 use kube::runtime::events::{Recorder, Reporter};
-use kube::runtime::watcher;
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client};
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
@@ -50,6 +51,8 @@ pub enum Error {
     Kube(#[from] kube::Error),
     #[error("LockedJob has no namespace")]
     NoNamespace,
+    #[error("the Job watch cache stopped; the operator is shutting down")]
+    JobCacheGone,
 }
 
 /// Shared by every reconcile and run task of one replica.
@@ -75,11 +78,42 @@ pub struct Context {
     /// Cancelled on SIGTERM: no new runs; running ones are handed over.
     pub shutdown: CancellationToken,
     pub synced: AtomicBool,
+    /// Watch caches of the operator's Jobs, one per watched scope (a namespace, or `None` for
+    /// all): reconciles and supervisors read Jobs here instead of asking the API server.
+    pub job_caches: Vec<(Option<String>, Store<Job>)>,
 }
 
 impl Context {
     pub fn nodes(&self) -> usize {
         self.engine.node_labels().len()
+    }
+
+    fn job_cache(&self, namespace: &str) -> Option<&Store<Job>> {
+        self.job_caches
+            .iter()
+            .find(|(scope, _)| scope.as_deref().is_none_or(|s| s == namespace))
+            .map(|(_, store)| store)
+    }
+
+    /// The cached Jobs of `namespace` that `keep` accepts, once the cache has its first list.
+    pub async fn cached_jobs(
+        &self,
+        namespace: &str,
+        keep: impl Fn(&Job) -> bool,
+    ) -> Result<Vec<Arc<Job>>, Error> {
+        let cache = self.job_cache(namespace).ok_or(Error::JobCacheGone)?;
+        cache
+            .wait_until_ready()
+            .await
+            .map_err(|_| Error::JobCacheGone)?;
+        Ok(cache
+            .state_filter(|job| job.metadata.namespace.as_deref() == Some(namespace) && keep(job)))
+    }
+
+    /// One cached Job; `None` also when the cache has not seen it (yet).
+    pub fn cached_job(&self, namespace: &str, name: &str) -> Option<Arc<Job>> {
+        self.job_cache(namespace)?
+            .get(&ObjectRef::new(name).within(namespace))
     }
 
     pub fn is_ready(&self) -> bool {
@@ -114,6 +148,34 @@ pub async fn run(args: OperatorArgs) -> i32 {
             instance: Some(holder.clone()),
         },
     );
+    let namespaces: Vec<Option<String>> = if args.namespaces.iter().all(|n| n.trim().is_empty()) {
+        vec![None]
+    } else {
+        args.namespaces
+            .iter()
+            .filter(|n| !n.trim().is_empty())
+            .map(|n| Some(n.trim().to_string()))
+            .collect()
+    };
+    // One watch per scope feeds a cache of the operator's Jobs (the controller's own watch
+    // only triggers reconciles; kube-runtime keeps its store private).
+    let mut job_caches = Vec::new();
+    let mut job_watches = Vec::new();
+    for scope in &namespaces {
+        let api: Api<Job> = match scope {
+            Some(ns) => Api::namespaced(client.clone(), ns),
+            None => Api::all(client.clone()),
+        };
+        let (cache, writer) = reflector::store();
+        let watch = watcher(
+            api,
+            watcher::Config::default().labels(jobs::LABEL_LOCKED_JOB),
+        )
+        .default_backoff()
+        .reflect(writer);
+        job_watches.push(tokio::spawn(watch.for_each(|_| async {})));
+        job_caches.push((scope.clone(), cache));
+    }
     let ctx = Arc::new(Context {
         client: client.clone(),
         engine,
@@ -127,6 +189,7 @@ pub async fn run(args: OperatorArgs) -> i32 {
         reachable: AtomicUsize::new(0),
         shutdown: CancellationToken::new(),
         synced: AtomicBool::new(false),
+        job_caches,
     });
     tracing::info!(holder = %ctx.holder, nodes = ?ctx.engine.node_labels(), namespaces = ?args.namespaces, "lockedjob operator starting");
 
@@ -143,15 +206,6 @@ pub async fn run(args: OperatorArgs) -> i32 {
     let probe = tokio::spawn(probe_redis(Arc::clone(&ctx)));
     let signals = tokio::spawn(wait_for_shutdown(Arc::clone(&ctx)));
 
-    let namespaces: Vec<Option<String>> = if args.namespaces.iter().all(|n| n.trim().is_empty()) {
-        vec![None]
-    } else {
-        args.namespaces
-            .iter()
-            .filter(|n| !n.trim().is_empty())
-            .map(|n| Some(n.trim().to_string()))
-            .collect()
-    };
     let controllers = namespaces.into_iter().map(|namespace| {
         let (lockedjobs, jobs): (Api<LockedJob>, Api<Job>) = match &namespace {
             Some(ns) => (
@@ -169,7 +223,16 @@ pub async fn run(args: OperatorArgs) -> i32 {
         let store = controller.store();
         let sync_ctx = Arc::clone(&ctx);
         tokio::spawn(async move {
-            if store.wait_until_ready().await.is_ok() {
+            let jobs_synced = futures::future::join_all(
+                sync_ctx
+                    .job_caches
+                    .iter()
+                    .map(|(_, cache)| cache.wait_until_ready()),
+            )
+            .await
+            .iter()
+            .all(Result::is_ok);
+            if jobs_synced && store.wait_until_ready().await.is_ok() {
                 sync_ctx.synced.store(true, Ordering::Relaxed);
             }
         });
@@ -194,6 +257,9 @@ pub async fn run(args: OperatorArgs) -> i32 {
     }
     probe.abort();
     signals.abort();
+    for watch in job_watches {
+        watch.abort();
+    }
     health.abort();
     tracing::info!("lockedjob operator stopped");
     0

@@ -11,7 +11,7 @@ use crate::schedule::{next_action, parse_run_now, Decision, History, SkipReason,
 use jiff::Timestamp;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::ObjectReference;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::ResourceExt;
 use serde_json::json;
@@ -48,14 +48,15 @@ async fn reconcile_inner(
 ) -> Result<Action, Error> {
     let name = lj.name_any();
     let lockedjobs: Api<LockedJob> = Api::namespaced(ctx.client.clone(), &namespace);
-    let jobs_api: Api<Job> = Api::namespaced(ctx.client.clone(), &namespace);
     let uid = lj.uid().unwrap_or_default();
-    let owned: Vec<Job> = jobs_api
-        .list(&ListParams::default().labels(&format!("{LABEL_LOCKED_JOB}={name}")))
+    let owned: Vec<Job> = ctx
+        .cached_jobs(&namespace, |j| {
+            j.labels().get(LABEL_LOCKED_JOB) == Some(&name)
+                && j.owner_references().iter().any(|r| r.uid == uid)
+        })
         .await?
-        .items
-        .into_iter()
-        .filter(|j| j.owner_references().iter().any(|r| r.uid == uid))
+        .iter()
+        .map(|j| Job::clone(j))
         .collect();
     let active: Vec<&Job> = owned
         .iter()
@@ -245,6 +246,7 @@ async fn reconcile_inner(
         Decision::Skip { next, .. } | Decision::Wait { next } => *next,
     };
 
+    let jobs_api: Api<Job> = Api::namespaced(ctx.client.clone(), &namespace);
     for doomed in expired_history(
         &owned,
         lj.spec.successful_jobs_history_limit.max(0) as usize,

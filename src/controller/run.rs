@@ -481,14 +481,23 @@ pub async fn supervise(
             _ = lost.cancelled() => break End::LockLost,
             _ = ctx.shutdown.cancelled() => break End::HandedOver,
             _ = tokio::time::sleep(Duration::from_millis(500)) => {
-                match tokio::time::timeout(API_CALL_LIMIT, jobs.get_opt(&job_name)).await {
-                    Ok(Ok(None)) => break End::Gone,
-                    Ok(Ok(Some(job))) => match job_state(&job) {
+                // From the watch cache; only a Job the cache does not have (just created, or
+                // gone) costs a GET.
+                let job = match ctx.cached_job(&namespace, &job_name) {
+                    Some(job) => Some(Some(job)),
+                    None => match tokio::time::timeout(API_CALL_LIMIT, jobs.get_opt(&job_name)).await {
+                        Ok(Ok(job)) => Some(job.map(Arc::new)),
+                        // API trouble: keep the lease; the Job runs on regardless.
+                        _ => None,
+                    },
+                };
+                match job {
+                    Some(None) => break End::Gone,
+                    Some(Some(job)) => match job_state(&job) {
                         JobState::Active => {}
                         finished => break End::Finished(finished),
                     },
-                    // API trouble: keep the lease; the Job runs on regardless.
-                    _ => {}
+                    None => {}
                 }
             }
         }

@@ -105,6 +105,7 @@ pub async fn run(args: ClientArgs) -> i32 {
         }
     };
     let fenced_write = redis::Script::new(FENCED_WRITE);
+    // Stop on SIGTERM, or when the lab's end of stdin closes (the lab died).
     let stop = CancellationToken::new();
     {
         let stop = stop.clone();
@@ -114,6 +115,16 @@ pub async fn run(args: ClientArgs) -> i32 {
             {
                 term.recv().await;
             }
+            stop.cancel();
+        });
+    }
+    {
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            use tokio::io::AsyncReadExt;
+            let mut stdin = tokio::io::stdin();
+            let mut buf = [0u8; 64];
+            while matches!(stdin.read(&mut buf).await, Ok(n) if n > 0) {}
             stop.cancel();
         });
     }

@@ -184,14 +184,19 @@ pub fn run(args: LabArgs) -> i32 {
     } else {
         vec![args.scenario]
     };
+    scenarios::stop_on_signals();
     let mut code = EXIT_AS_EXPECTED;
     for scenario in scenarios {
+        if scenarios::interrupted() {
+            return EXIT_UNEXPECTED;
+        }
         let out = if args.scenario == Scenario::All {
             args.out.join(scenario.name())
         } else {
             args.out.clone()
         };
         match run_one(scenario, &args, &out) {
+            Ok(_) if scenarios::interrupted() => return EXIT_UNEXPECTED,
             Ok(true) => {}
             Ok(false) => code = EXIT_UNEXPECTED,
             Err(e) => {

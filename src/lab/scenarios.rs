@@ -7,6 +7,7 @@ use super::history::{monotonic_us, ClientEvent, Fault, History, NodeEvent, NodeS
 use super::{LabError, Scenario};
 use std::io::BufRead;
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -116,7 +117,7 @@ impl Run {
     /// losing attempts hold for a moment on single nodes.
     fn wait_lease(&self, nodes: &[usize], previous: Option<&str>, limit: Duration) -> Option<u32> {
         let until = Instant::now() + limit;
-        while Instant::now() < until {
+        while !interrupted() && Instant::now() < until {
             let values: Vec<Option<String>> = nodes
                 .iter()
                 .map(|&n| self.nodes[n].command(&["GET", LOCK_KEY]).ok().flatten())
@@ -206,7 +207,8 @@ fn start(scenario: Scenario, p: &Parameters) -> Result<Run, LabError> {
             .args(["--request-timeout-ms", &p.request_timeout_ms.to_string()])
             // Everything a client does is in its history; its logs would only repeat it.
             .env("RUST_LOG", "off")
-            .stdin(Stdio::null())
+            // The client stops when this pipe closes: also when the lab dies without cleaning up.
+            .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
@@ -291,11 +293,54 @@ pub fn run(scenario: Scenario, p: &Parameters) -> Result<History, LabError> {
     Ok(history)
 }
 
+/// Set by SIGINT/SIGTERM: the scenario ends early, and the clients and servers are still
+/// stopped and the history still written.
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+/// Watches for SIGINT/SIGTERM on a thread of its own (the lab itself is synchronous).
+pub fn stop_on_signals() {
+    std::thread::spawn(|| {
+        let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        else {
+            return;
+        };
+        runtime.block_on(async {
+            use tokio::signal::unix::{signal, SignalKind};
+            let (Ok(mut term), Ok(mut int)) = (
+                signal(SignalKind::terminate()),
+                signal(SignalKind::interrupt()),
+            ) else {
+                return;
+            };
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+            eprintln!("lockedjob lab: interrupted; stopping clients and nodes");
+            INTERRUPTED.store(true, Ordering::Relaxed);
+        });
+    });
+}
+
+pub fn interrupted() -> bool {
+    INTERRUPTED.load(Ordering::Relaxed)
+}
+
+/// Sleeps until `at`, or less when interrupted.
 fn sleep_until(at: Instant) {
-    let now = Instant::now();
-    if at > now {
-        std::thread::sleep(at - now);
+    while !interrupted() {
+        let now = Instant::now();
+        if at <= now {
+            return;
+        }
+        std::thread::sleep((at - now).min(Duration::from_millis(50)));
     }
+}
+
+fn nap(length: Duration) {
+    sleep_until(Instant::now() + length);
 }
 
 /// The fault schedule of each scenario, run until `end`.
@@ -315,15 +360,15 @@ fn script(
             // append-only file, then a pause before the next.
             let delay = Duration::from_millis(p.restart_delay_ms);
             let mut node = 0;
-            std::thread::sleep(ttl / 2);
-            while Instant::now() + delay < end {
+            nap(ttl / 2);
+            while !interrupted() && Instant::now() + delay < end {
                 run.fault(format!("kill -9 redis {node}"));
                 run.nodes[node].kill9();
                 run.node_state(node, NodeState::Down);
-                std::thread::sleep(delay);
+                nap(delay);
                 run.nodes[node].restart()?;
                 run.node_state(node, NodeState::Up);
-                std::thread::sleep(ttl / 4);
+                nap(ttl / 4);
                 node = (node + 1) % n;
             }
             sleep_until(end);
@@ -331,7 +376,7 @@ fn script(
         Scenario::RestartNoPersistence => {
             // While someone holds the lock, restart a majority of nodes empty, at once, with no
             // delay: the lock (and the fence) are forgotten there.
-            while Instant::now() + ttl * 2 < end {
+            while !interrupted() && Instant::now() + ttl * 2 < end {
                 let Some(holder) = run.wait_holder(0, ttl * 2) else {
                     continue;
                 };
@@ -343,7 +388,7 @@ fn script(
                     run.nodes[node].restart()?;
                     run.node_state(node, NodeState::Emptied);
                 }
-                std::thread::sleep(ttl * 2);
+                nap(ttl * 2);
             }
             sleep_until(end);
         }
@@ -353,8 +398,8 @@ fn script(
             // they come back; node 2's clock jumps past the TTL and its copy of the lock
             // expires; another client then wins {2, 3, ..} while the first still holds.
             let mut jumped = Duration::ZERO;
-            while Instant::now() + ttl * 3 < end {
-                std::thread::sleep(ttl);
+            while !interrupted() && Instant::now() + ttl * 3 < end {
+                nap(ttl);
                 let before: Option<String> =
                     run.nodes[2].command(&["GET", LOCK_KEY]).ok().flatten();
                 run.set_paths(majority..n, ProxyMode::Reject, NodeState::Partitioned);
@@ -376,46 +421,46 @@ fn script(
                     "client {holder} holds 0-2; redis 2 clock +{}s",
                     (ttl * 3).as_secs_f64()
                 ));
-                std::thread::sleep(ttl * 3);
+                nap(ttl * 3);
             }
             sleep_until(end);
         }
         Scenario::ClientPause => {
             // The holder stops (SIGSTOP, like a long GC pause) for three TTLs, mid-section.
-            while Instant::now() + ttl * 4 < end {
+            while !interrupted() && Instant::now() + ttl * 4 < end {
                 let Some(holder) = run.wait_holder(0, ttl * 2) else {
                     continue;
                 };
-                std::thread::sleep(ttl / 5);
+                nap(ttl / 5);
                 run.fault(format!("SIGSTOP client {holder}"));
                 run.signal_client(holder, nix::sys::signal::Signal::SIGSTOP);
-                std::thread::sleep(ttl * 3);
+                nap(ttl * 3);
                 run.signal_client(holder, nix::sys::signal::Signal::SIGCONT);
                 run.fault(format!("SIGCONT client {holder}"));
-                std::thread::sleep(ttl);
+                nap(ttl);
             }
             sleep_until(end);
         }
         Scenario::Partition => {
             // The holder loses its paths to a majority of nodes for three TTLs; everyone else
             // still reaches all nodes.
-            while Instant::now() + ttl * 4 < end {
+            while !interrupted() && Instant::now() + ttl * 4 < end {
                 let Some(holder) = run.wait_holder(0, ttl * 2) else {
                     continue;
                 };
-                std::thread::sleep(ttl / 5);
+                nap(ttl / 5);
                 run.fault(format!("cut client {holder} from redis 0-{}", majority - 1));
                 for node in 0..majority {
                     run.proxies[holder as usize][node].set_mode(ProxyMode::Blackhole);
                     run.node_state(node, NodeState::Partitioned);
                 }
-                std::thread::sleep(ttl * 3);
+                nap(ttl * 3);
                 for node in 0..majority {
                     run.proxies[holder as usize][node].set_mode(ProxyMode::Forward);
                     run.node_state(node, NodeState::Up);
                 }
                 run.fault(format!("heal client {holder}"));
-                std::thread::sleep(ttl);
+                nap(ttl);
             }
             sleep_until(end);
         }
