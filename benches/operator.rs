@@ -166,7 +166,14 @@ async fn bench(lockedjobs: u64, seconds: u64) {
                 .env("RUST_LOG", "warn")
                 .env_remove("LOCKEDJOB_REDIS_URLS")
                 .stdout(Stdio::null())
-                .stderr(Stdio::null())
+                // BENCH_LOG_DIR keeps each replica's warnings, for finding out why.
+                .stderr(match std::env::var_os("BENCH_LOG_DIR") {
+                    Some(dir) => Stdio::from(
+                        std::fs::File::create(std::path::Path::new(&dir).join(format!("r{i}.log")))
+                            .expect("replica log file"),
+                    ),
+                    None => Stdio::null(),
+                })
                 .spawn()
                 .expect("start operator");
             Replica { child, metrics }

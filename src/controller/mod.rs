@@ -265,11 +265,12 @@ pub async fn run(args: OperatorArgs) -> i32 {
     0
 }
 
-/// Keys with an instant before which they are not acted on again. Every Job event reconciles
-/// its LockedJob on every replica; without this, the replicas that lost the race for a time
-/// tried again at each event, costing Redis rounds for nothing.
+/// Keys with an instant before which they are not acted on again, optionally only as long as
+/// a watched state (a tag) stays the same. Every Job event reconciles its LockedJob on every
+/// replica; without this, the replicas that lost the race for a time tried again at each
+/// event, costing Redis rounds for nothing.
 pub struct Cooldowns<K> {
-    until: Mutex<HashMap<K, std::time::Instant>>,
+    until: Mutex<HashMap<K, (std::time::Instant, Option<u64>)>>,
 }
 
 impl<K> Default for Cooldowns<K> {
@@ -283,17 +284,27 @@ impl<K> Default for Cooldowns<K> {
 impl<K: Eq + std::hash::Hash> Cooldowns<K> {
     pub fn set(&self, key: K, until: std::time::Instant) {
         if let Ok(mut map) = self.until.lock() {
-            map.insert(key, until);
+            map.insert(key, (until, None));
         }
     }
 
-    /// Whether `key` is still cooling down at `now`; forgets keys whose time has passed.
-    pub fn holds(&self, key: &K, now: std::time::Instant) -> bool {
+    /// Like [`Cooldowns::set`], but ends early once the tag passed to `holds` differs from
+    /// `tag`.
+    pub fn set_until_changed(&self, key: K, until: std::time::Instant, tag: u64) {
+        if let Ok(mut map) = self.until.lock() {
+            map.insert(key, (until, Some(tag)));
+        }
+    }
+
+    /// Whether `key` is still cooling down at `now` with the watched state at `tag`; forgets
+    /// keys whose time has passed.
+    pub fn holds(&self, key: &K, now: std::time::Instant, tag: u64) -> bool {
         let Ok(mut map) = self.until.lock() else {
             return false;
         };
-        map.retain(|_, until| *until > now);
-        map.contains_key(key)
+        map.retain(|_, (until, _)| *until > now);
+        map.get(key)
+            .is_some_and(|(_, set_at)| set_at.is_none_or(|t| t == tag))
     }
 }
 
@@ -375,10 +386,35 @@ mod tests {
             ("a", 0, false, "a was forgotten once its time passed"),
         ];
         for (key, s, holds, what) in table {
-            assert_eq!(cooldowns.holds(&key, at(s)), holds, "{what}");
+            assert_eq!(cooldowns.holds(&key, at(s), 0), holds, "{what}");
         }
         cooldowns.set("a", at(20));
-        assert!(cooldowns.holds(&"a", at(15)), "set again");
+        assert!(
+            cooldowns.holds(&"a", at(15), 7),
+            "set again; no tag watched"
+        );
+    }
+
+    #[test]
+    fn a_tagged_cooldown_ends_when_the_tag_changes() {
+        let cooldowns = Cooldowns::default();
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        cooldowns.set_until_changed("a", at(10), 1);
+        let table = [
+            (1, 1, true, "same state, before the instant"),
+            (2, 2, false, "state changed: retry now"),
+            (
+                3,
+                1,
+                true,
+                "back to the state it was set at (nothing forgotten)",
+            ),
+            (10, 1, false, "instant passed"),
+        ];
+        for (s, tag, holds, what) in table {
+            assert_eq!(cooldowns.holds(&"a", at(s), tag), holds, "{what}");
+        }
     }
 
     #[test]

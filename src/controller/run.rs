@@ -150,6 +150,22 @@ fn unclaim<K: Eq + std::hash::Hash>(set: &Mutex<HashSet<K>>, key: &K) {
     }
 }
 
+/// The LockedJob's last run as status shows it (Job, outcome, token), hashed: when it changes,
+/// the lock holder has moved on.
+fn last_run_tag(lj: &LockedJob) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    if let Some(run) = lj.status.as_ref().and_then(|s| s.last_run.as_ref()) {
+        (
+            &run.job_name,
+            format!("{:?}", run.outcome),
+            run.fencing_token,
+        )
+            .hash(&mut hasher);
+    }
+    hasher.finish()
+}
+
 /// What starts a run.
 #[derive(Debug, Clone)]
 pub enum RunKind {
@@ -184,7 +200,8 @@ pub async fn start(
     if !claim(&ctx.starting, &key) {
         return;
     }
-    if ctx.settled.holds(&key, Instant::now()) {
+    let last_run = last_run_tag(&lj);
+    if ctx.settled.holds(&key, Instant::now(), last_run) {
         unclaim(&ctx.starting, &key);
         return;
     }
@@ -204,22 +221,35 @@ pub async fn start(
         // Someone holds the lock for this time: it runs there. Try again only once their
         // lease could have expired (they may have died before creating the Job).
         Err(NotStarted::RunningElsewhere) => ctx.settled.set(key, Instant::now() + ttl),
-        // The lock is held for something else (an earlier run still going): the next
-        // reconcile (that run's end changes the LockedJob's status) tries again, but not each
-        // of the bursts of Job events before it.
-        Err(NotStarted::Contended) => ctx.settled.set(key, Instant::now() + CONTENDED_PAUSE),
+        // The lock is held for something else (an earlier run still going, or a winner of
+        // this time that has not recorded it yet): try again when the LockedJob's last run
+        // changes (that run ended, or this one started), which every replica sees as a status
+        // update, rather than at each of the bursts of Job events before it; after a TTL at
+        // the latest (a holder that died updates nothing).
+        Err(NotStarted::Contended) => {
+            ctx.settled
+                .set_until_changed(key, Instant::now() + ttl, last_run)
+        }
         Err(NotStarted::AlreadyRan) => ctx.settled.set(key, Instant::now() + SETTLED),
-        // No quorum, API trouble: the next reconcile tries again.
-        Err(NotStarted::Failed) => {}
+        // No quorum, API trouble: a later reconcile tries again, but not at once: under
+        // overload (nodes timing out) immediate retries from every replica feed the overload.
+        Err(NotStarted::Failed) => ctx
+            .settled
+            .set(key, Instant::now() + jittered(FAILED_PAUSE)),
     }
 }
 
 /// How long a scheduled time that ran (here or elsewhere) is not tried again by this replica.
 const SETTLED: Duration = Duration::from_secs(600);
 
-/// How long a replica that found the lock held for an earlier run waits before trying the
-/// same time again.
-const CONTENDED_PAUSE: Duration = Duration::from_millis(500);
+/// How long a replica whose attempt failed (no quorum, API error) waits before the next.
+const FAILED_PAUSE: Duration = Duration::from_millis(500);
+
+/// `pause` scaled by a random factor in [0.5, 1.5), so replicas that failed together do not
+/// retry together.
+fn jittered(pause: Duration) -> Duration {
+    pause.mul_f64(0.5 + rand::random::<f64>())
+}
 
 /// Why this replica did not start a run.
 enum NotStarted {
