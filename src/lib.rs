@@ -12,3 +12,4 @@ pub mod metrics;
 pub mod options;
 pub mod redlock;
 pub mod schedule;
+pub mod shutdown;

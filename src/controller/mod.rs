@@ -347,17 +347,7 @@ async fn probe_redis(ctx: Arc<Context>) {
 }
 
 async fn wait_for_shutdown(ctx: Arc<Context>) {
-    use tokio::signal::unix::{signal, SignalKind};
-    let (Ok(mut term), Ok(mut int)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) else {
-        return;
-    };
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
-    }
+    crate::shutdown::sigterm_or_sigint().await;
     tracing::info!(
         "shutdown requested: no new runs; running Jobs are handed over to the other replicas"
     );

@@ -292,13 +292,7 @@ mod tests {
     use super::*;
     use crate::lab::history::ClientEvent;
 
-    fn ev(at_ms: u64, client: u32, op: ClientOp) -> ClientEvent {
-        ClientEvent {
-            at_us: at_ms * 1000,
-            client,
-            op,
-        }
-    }
+    use crate::lab::history::event_at_ms as ev;
 
     fn acquired(at_ms: u64, client: u32, token: u64, validity_ms: u64) -> ClientEvent {
         ev(

@@ -145,3 +145,13 @@ impl History {
         self.end_us = rel(end_us);
     }
 }
+
+/// A client event at `at_ms` milliseconds, for hand-made histories in tests.
+#[cfg(test)]
+pub(crate) fn event_at_ms(at_ms: u64, client: u32, op: ClientOp) -> ClientEvent {
+    ClientEvent {
+        at_us: at_ms * 1000,
+        client,
+        op,
+    }
+}

@@ -307,17 +307,7 @@ pub fn stop_on_signals() {
             return;
         };
         runtime.block_on(async {
-            use tokio::signal::unix::{signal, SignalKind};
-            let (Ok(mut term), Ok(mut int)) = (
-                signal(SignalKind::terminate()),
-                signal(SignalKind::interrupt()),
-            ) else {
-                return;
-            };
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = int.recv() => {}
-            }
+            crate::shutdown::sigterm_or_sigint().await;
             eprintln!("lockedjob lab: interrupted; stopping clients and nodes");
             INTERRUPTED.store(true, Ordering::Relaxed);
         });

@@ -374,15 +374,9 @@ fn legend(svg: &mut String, y: f64) {
 mod tests {
     use super::*;
     use crate::lab::checker::check;
-    use crate::lab::history::{ClientEvent, Fault, NodeEvent};
+    use crate::lab::history::{Fault, NodeEvent};
 
-    fn ev(at_ms: u64, client: u32, op: ClientOp) -> ClientEvent {
-        ClientEvent {
-            at_us: at_ms * 1000,
-            client,
-            op,
-        }
-    }
+    use crate::lab::history::event_at_ms as ev;
 
     fn sample(overlapping: bool) -> History {
         let second_start = if overlapping { 500 } else { 1500 };
