@@ -236,7 +236,7 @@ pub struct RunRecord {
     pub message: Option<String>,
 }
 
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, JsonSchema)]
 pub enum RunOutcome {
     Running,
     Succeeded,

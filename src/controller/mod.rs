@@ -162,13 +162,9 @@ pub async fn run(args: OperatorArgs) -> i32 {
     let mut job_caches = Vec::new();
     let mut job_watches = Vec::new();
     for scope in &namespaces {
-        let api: Api<Job> = match scope {
-            Some(ns) => Api::namespaced(client.clone(), ns),
-            None => Api::all(client.clone()),
-        };
         let (cache, writer) = reflector::store();
         let watch = watcher(
-            api,
+            scoped_api::<Job>(&client, scope),
             watcher::Config::default().labels(jobs::LABEL_LOCKED_JOB),
         )
         .default_backoff()
@@ -206,45 +202,46 @@ pub async fn run(args: OperatorArgs) -> i32 {
     let probe = tokio::spawn(probe_redis(Arc::clone(&ctx)));
     let signals = tokio::spawn(wait_for_shutdown(Arc::clone(&ctx)));
 
-    let controllers = namespaces.into_iter().map(|namespace| {
-        let (lockedjobs, jobs): (Api<LockedJob>, Api<Job>) = match &namespace {
-            Some(ns) => (
-                Api::namespaced(client.clone(), ns),
-                Api::namespaced(client.clone(), ns),
-            ),
-            None => (Api::all(client.clone()), Api::all(client.clone())),
-        };
-        let ctx = Arc::clone(&ctx);
-        let controller = Controller::new(lockedjobs, watcher::Config::default().any_semantic())
+    let mut controller_stores = Vec::new();
+    let controllers: Vec<_> = namespaces
+        .iter()
+        .map(|scope| {
+            let ctx = Arc::clone(&ctx);
+            let controller = Controller::new(
+                scoped_api::<LockedJob>(&client, scope),
+                watcher::Config::default().any_semantic(),
+            )
             .owns(
-                jobs,
+                scoped_api::<Job>(&client, scope),
                 watcher::Config::default().labels(jobs::LABEL_LOCKED_JOB),
             );
-        let store = controller.store();
-        let sync_ctx = Arc::clone(&ctx);
-        tokio::spawn(async move {
-            let jobs_synced = futures::future::join_all(
-                sync_ctx
-                    .job_caches
-                    .iter()
-                    .map(|(_, cache)| cache.wait_until_ready()),
-            )
-            .await
-            .iter()
-            .all(Result::is_ok);
-            if jobs_synced && store.wait_until_ready().await.is_ok() {
-                sync_ctx.synced.store(true, Ordering::Relaxed);
-            }
-        });
-        let shutdown = ctx.shutdown.clone();
-        controller
-            .graceful_shutdown_on(async move { shutdown.cancelled().await })
-            .run(reconcile::reconcile, reconcile::error_policy, ctx)
-            .for_each(|result| async move {
-                if let Err(e) = result {
-                    tracing::debug!(error = %e, "reconcile failed");
-                }
-            })
+            controller_stores.push(controller.store());
+            let shutdown = ctx.shutdown.clone();
+            controller
+                .graceful_shutdown_on(async move { shutdown.cancelled().await })
+                .run(reconcile::reconcile, reconcile::error_policy, ctx)
+                .for_each(|result| async move {
+                    if let Err(e) = result {
+                        tracing::debug!(error = %e, "reconcile failed");
+                    }
+                })
+        })
+        .collect();
+    // Ready once every watch of every scope has its first list.
+    let sync_ctx = Arc::clone(&ctx);
+    tokio::spawn(async move {
+        let jobs = futures::future::join_all(
+            sync_ctx
+                .job_caches
+                .iter()
+                .map(|(_, cache)| cache.wait_until_ready()),
+        );
+        let lockedjobs =
+            futures::future::join_all(controller_stores.iter().map(|s| s.wait_until_ready()));
+        let (jobs, lockedjobs) = futures::future::join(jobs, lockedjobs).await;
+        if jobs.iter().chain(lockedjobs.iter()).all(Result::is_ok) {
+            sync_ctx.synced.store(true, Ordering::Relaxed);
+        }
     });
     futures::future::join_all(controllers).await;
 
@@ -263,6 +260,17 @@ pub async fn run(args: OperatorArgs) -> i32 {
     health.abort();
     tracing::info!("lockedjob operator stopped");
     0
+}
+
+/// The API of `K` in one watched scope: a namespace, or all of them.
+fn scoped_api<K>(client: &Client, scope: &Option<String>) -> Api<K>
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>,
+{
+    match scope {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    }
 }
 
 /// Keys with an instant before which they are not acted on again, optionally only as long as

@@ -156,12 +156,7 @@ fn last_run_tag(lj: &LockedJob) -> u64 {
     use std::hash::{Hash, Hasher};
     let mut hasher = std::collections::hash_map::DefaultHasher::new();
     if let Some(run) = lj.status.as_ref().and_then(|s| s.last_run.as_ref()) {
-        (
-            &run.job_name,
-            format!("{:?}", run.outcome),
-            run.fencing_token,
-        )
-            .hash(&mut hasher);
+        (&run.job_name, run.outcome, run.fencing_token).hash(&mut hasher);
     }
     hasher.finish()
 }
@@ -514,20 +509,17 @@ pub async fn supervise(
                 // From the watch cache; only a Job the cache does not have (just created, or
                 // gone) costs a GET.
                 let job = match ctx.cached_job(&namespace, &job_name) {
-                    Some(job) => Some(Some(job)),
+                    Some(job) => job,
                     None => match tokio::time::timeout(API_CALL_LIMIT, jobs.get_opt(&job_name)).await {
-                        Ok(Ok(job)) => Some(job.map(Arc::new)),
+                        Ok(Ok(Some(job))) => Arc::new(job),
+                        Ok(Ok(None)) => break End::Gone,
                         // API trouble: keep the lease; the Job runs on regardless.
-                        _ => None,
+                        _ => continue,
                     },
                 };
-                match job {
-                    Some(None) => break End::Gone,
-                    Some(Some(job)) => match job_state(&job) {
-                        JobState::Active => {}
-                        finished => break End::Finished(finished),
-                    },
-                    None => {}
+                match job_state(&job) {
+                    JobState::Active => {}
+                    finished => break End::Finished(finished),
                 }
             }
         }
