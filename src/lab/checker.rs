@@ -107,12 +107,15 @@ pub struct Findings {
     pub token_order: Vec<TokenOrder>,
     pub no_validity: Vec<(u32, u64)>,
     pub stale_writes_accepted: Vec<StaleWrite>,
-    /// Writes the fenced store refused: each came from a holder whose lease a newer holder had
-    /// already superseded, so an unfenced store would have let it overwrite newer data.
-    pub stale_writes_rejected: u64,
 }
 
 impl Findings {
+    /// Writes the fenced store refused: each came from a holder whose lease a newer holder had
+    /// already superseded, so an unfenced store would have let it overwrite newer data.
+    pub fn stale_writes_rejected(&self) -> u64 {
+        self.counts.writes_rejected
+    }
+
     pub fn verdict(&self) -> Verdict {
         if !self.token_order.is_empty()
             || !self.stale_writes_accepted.is_empty()
@@ -133,8 +136,6 @@ pub fn check(history: &History) -> Findings {
     let counts = &mut findings.counts;
     // Per (client, token): the latest deadline known so far.
     let mut deadlines: HashMap<(u32, u64), u64> = HashMap::new();
-    let mut open: HashMap<u32, (u64, u64)> = HashMap::new(); // client -> (token, entered)
-    let mut sections = Vec::new();
     let mut newest_granted: Option<(u32, u64)> = None;
     for event in &history.events {
         let client = event.client;
@@ -173,19 +174,8 @@ pub fn check(history: &History) -> Findings {
             }
             ClientOp::LeaseLost { .. } => counts.lease_losses += 1,
             ClientOp::Released { .. } => counts.releases += 1,
-            ClientOp::Enter { token } => {
-                open.insert(client, (*token, event.at_us));
-            }
+            ClientOp::Enter { .. } => {}
             ClientOp::Exit { token } => {
-                if let Some((entered_token, start_us)) = open.remove(&client) {
-                    sections.push(Section {
-                        client,
-                        token: entered_token,
-                        start_us,
-                        end_us: event.at_us,
-                        open: false,
-                    });
-                }
                 late(
                     &mut findings.past_deadline,
                     &deadlines,
@@ -211,18 +201,6 @@ pub fn check(history: &History) -> Findings {
             }
         }
     }
-    let mut still_open: Vec<_> = open.into_iter().collect();
-    still_open.sort_unstable();
-    for (client, (token, start_us)) in still_open {
-        sections.push(Section {
-            client,
-            token,
-            start_us,
-            end_us: history.end_us.max(start_us),
-            open: true,
-        });
-    }
-    findings.stale_writes_rejected = counts.writes_rejected;
     // In the store's own order: two clients' replies may reach the lab in either order.
     let mut newest_accepted: Option<u64> = None;
     for (position, write) in history.store_log.iter().enumerate() {
@@ -239,9 +217,48 @@ pub fn check(history: &History) -> Findings {
         }
         newest_accepted = Some(newest_accepted.map_or(write.token, |n| n.max(write.token)));
     }
-    counts.sections = sections.len() as u64;
+    let sections = sections(history);
+    findings.counts.sections = sections.len() as u64;
     findings.overlaps = overlaps(sections);
     findings
+}
+
+/// Every stay in the critical section: each client's entry paired with its next exit; one
+/// never left runs to the end of the history.
+pub fn sections(history: &History) -> Vec<Section> {
+    let mut open: HashMap<u32, (u64, u64)> = HashMap::new(); // client -> (token, entered)
+    let mut sections = Vec::new();
+    for event in &history.events {
+        match event.op {
+            ClientOp::Enter { token } => {
+                open.insert(event.client, (token, event.at_us));
+            }
+            ClientOp::Exit { .. } => {
+                if let Some((token, start_us)) = open.remove(&event.client) {
+                    sections.push(Section {
+                        client: event.client,
+                        token,
+                        start_us,
+                        end_us: event.at_us,
+                        open: false,
+                    });
+                }
+            }
+            _ => {}
+        }
+    }
+    let mut still_open: Vec<_> = open.into_iter().collect();
+    still_open.sort_unstable();
+    for (client, (token, start_us)) in still_open {
+        sections.push(Section {
+            client,
+            token,
+            start_us,
+            end_us: history.end_us.max(start_us),
+            open: true,
+        });
+    }
+    sections
 }
 
 fn late(
@@ -445,7 +462,7 @@ mod tests {
                     ),
                 ],
                 verdict: Verdict::Safe,
-                check: |f| f.stale_writes_rejected == 1 && f.stale_writes_accepted.is_empty(),
+                check: |f| f.stale_writes_rejected() == 1 && f.stale_writes_accepted.is_empty(),
             },
             Case {
                 name: "a section never left runs to the end and overlaps",

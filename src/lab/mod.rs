@@ -240,7 +240,7 @@ fn run_one(scenario: Scenario, args: &LabArgs, out: &Path) -> Result<bool, LabEr
         findings.overlaps.len(),
         findings.past_deadline.len(),
         findings.token_order.len(),
-        findings.stale_writes_rejected,
+        findings.stale_writes_rejected(),
         out.display()
     );
     Ok(as_expected)
@@ -275,9 +275,9 @@ fn write_outputs(
         fencing: Fencing {
             tokens_strictly_increasing: findings.token_order.is_empty(),
             writes: findings.counts.writes,
-            stale_writes_refused: findings.stale_writes_rejected,
+            stale_writes_refused: findings.stale_writes_rejected(),
             stale_writes_accepted: findings.stale_writes_accepted.len(),
-            unfenced_store_would_have_lost: findings.stale_writes_rejected,
+            unfenced_store_would_have_lost: findings.stale_writes_rejected(),
             fenced_store_safe: findings.stale_writes_accepted.is_empty()
                 && findings.token_order.is_empty(),
         },

@@ -2,7 +2,7 @@
 //! writes to the fenced store) and a lane per Redis node (up, down, paused, skewed, slow, cut
 //! off), faults as dashed lines, violations in red. Pure: history and findings in, text out.
 
-use super::checker::{Findings, Verdict};
+use super::checker::{sections, Findings, Verdict};
 use super::history::{ClientOp, History, NodeState};
 use std::collections::HashMap;
 use std::fmt::Write;
@@ -126,7 +126,7 @@ pub fn render(title: &str, history: &History, findings: &Findings) -> String {
         findings.overlaps.len(),
         findings.past_deadline.len(),
         findings.token_order.len(),
-        findings.stale_writes_rejected
+        findings.stale_writes_rejected()
     );
     // Time axis: a tick per second (or coarser for long runs).
     let seconds = (history.end_us / 1_000_000).max(1);
@@ -221,48 +221,39 @@ pub fn render(title: &str, history: &History, findings: &Findings) -> String {
             );
         }
     }
-    let mut entered: HashMap<u32, (u64, u64)> = HashMap::new();
-    for e in &history.events {
-        let y = lane_y(e.client as usize);
-        match &e.op {
-            ClientOp::Enter { token } => {
-                entered.insert(e.client, (*token, e.at_us));
-            }
-            ClientOp::Exit { .. } => {
-                if let Some((token, from)) = entered.remove(&e.client) {
-                    section(&mut svg, &scale, y, e.client, token, from, e.at_us);
-                }
-            }
-            ClientOp::Write { token, accepted } => {
-                let x = scale.x(e.at_us);
-                let (color, top) = if *accepted {
-                    ("#1b5e20", y + LANE - 6.0)
-                } else {
-                    (VIOLATION, y - 4.0)
-                };
-                let _ = writeln!(
-                    svg,
-                    r#"<line x1="{x:.1}" y1="{top:.1}" x2="{x:.1}" y2="{:.1}" stroke="{color}" stroke-width="1.5"><title>write with token {token}: {}</title></line>"#,
-                    y + LANE,
-                    if *accepted {
-                        "accepted"
-                    } else {
-                        "refused by the fenced store"
-                    }
-                );
-            }
-            _ => {}
-        }
+    for section in sections(history) {
+        let y = lane_y(section.client as usize);
+        let (x1, x2) = (scale.x(section.start_us), scale.x(section.end_us));
+        let _ = writeln!(
+            svg,
+            r##"<rect x="{x1:.1}" y="{:.1}" width="{:.1}" height="{:.1}" fill="#1565c0"><title>client {} in the critical section, token {}</title></rect>"##,
+            y + 11.0,
+            (x2 - x1).max(0.5),
+            LANE - 17.0,
+            section.client,
+            section.token
+        );
     }
-    for (client, (token, from)) in entered {
-        section(
-            &mut svg,
-            &scale,
-            lane_y(client as usize),
-            client,
-            token,
-            from,
-            history.end_us,
+    for e in &history.events {
+        let ClientOp::Write { token, accepted } = e.op else {
+            continue;
+        };
+        let y = lane_y(e.client as usize);
+        let x = scale.x(e.at_us);
+        let (color, top) = if accepted {
+            ("#1b5e20", y + LANE - 6.0)
+        } else {
+            (VIOLATION, y - 4.0)
+        };
+        let _ = writeln!(
+            svg,
+            r#"<line x1="{x:.1}" y1="{top:.1}" x2="{x:.1}" y2="{:.1}" stroke="{color}" stroke-width="1.5"><title>write with token {token}: {}</title></line>"#,
+            y + LANE,
+            if accepted {
+                "accepted"
+            } else {
+                "refused by the fenced store"
+            }
         );
     }
     // Faults.
@@ -321,17 +312,6 @@ pub fn render(title: &str, history: &History, findings: &Findings) -> String {
     legend(&mut svg, legend_y);
     svg.push_str("</svg>\n");
     svg
-}
-
-fn section(svg: &mut String, scale: &Scale, y: f64, client: u32, token: u64, from: u64, to: u64) {
-    let (x1, x2) = (scale.x(from), scale.x(to));
-    let _ = writeln!(
-        svg,
-        r##"<rect x="{x1:.1}" y="{:.1}" width="{:.1}" height="{:.1}" fill="#1565c0"><title>client {client} in the critical section, token {token}</title></rect>"##,
-        y + 11.0,
-        (x2 - x1).max(0.5),
-        LANE - 17.0
-    );
 }
 
 fn legend(svg: &mut String, y: f64) {
