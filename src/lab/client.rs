@@ -49,6 +49,9 @@ redis.call('RPUSH', KEYS[3], ARGV[3] .. ':' .. ARGV[1] .. ':' .. accepted)
 return accepted
 ";
 
+/// Lock values are `{HOLDER_PREFIX}{id}/{random}`: the lab reads who holds from them.
+pub const HOLDER_PREFIX: &str = "lab/client-";
+
 pub const STORE_TOKEN_KEY: &str = "lab:store:last_token";
 pub const STORE_DATA_KEY: &str = "lab:store:data";
 pub const STORE_LOG_KEY: &str = "lab:store:log";
@@ -82,7 +85,7 @@ pub async fn run(args: ClientArgs) -> i32 {
     let id = args.id;
     let mut config = RedlockConfig::new(args.nodes.clone());
     config.request_timeout = Duration::from_millis(args.request_timeout_ms);
-    config.holder = format!("lab/client-{id}");
+    config.holder = format!("{HOLDER_PREFIX}{id}");
     let engine = match Redlock::new(config) {
         Ok(engine) => engine,
         Err(e) => {

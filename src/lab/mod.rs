@@ -72,6 +72,14 @@ impl Scenario {
         }
     }
 
+    /// How the lock nodes keep their data.
+    pub fn persistence(self) -> harness::Persistence {
+        match self {
+            Scenario::RestartNoPersistence => harness::Persistence::None,
+            _ => harness::Persistence::AppendFsyncAlways,
+        }
+    }
+
     /// The verdicts this scenario may reach and still show what it is meant to show.
     pub fn expected(self) -> &'static [Verdict] {
         match self {

@@ -1,10 +1,11 @@
 //! The scripted faults. Each scenario starts its nodes, clients and proxies, breaks things on
 //! a schedule while the clients run, and collects the history.
 
-use super::client::STORE_LOG_KEY;
+use super::client::{HOLDER_PREFIX, STORE_LOG_KEY};
 use super::harness::{FaultProxy, HarnessError, Persistence, ProxyMode, RedisNode, RedisNodes};
 use super::history::{monotonic_us, ClientEvent, Fault, History, NodeEvent, NodeState, StoreWrite};
 use super::{LabError, Scenario};
+use crate::redlock::DEFAULT_KEY_PREFIX;
 use std::io::BufRead;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -53,10 +54,9 @@ impl Parameters {
             hold_ms,
             work_ms: (ttl_ms / 50).max(5),
             request_timeout_ms,
-            persistence: if scenario == Scenario::RestartNoPersistence {
-                "none"
-            } else {
-                "appendonly yes, appendfsync always"
+            persistence: match scenario.persistence() {
+                Persistence::None => "none",
+                Persistence::AppendFsyncAlways => "appendonly yes, appendfsync always",
             },
             restart_delay_ms: ttl_ms + ttl_ms / 2,
         }
@@ -65,19 +65,20 @@ impl Parameters {
 
 const LOCK: &str = "lab";
 
-/// The client id in a lock value `lab/client-{id}/{random}`.
+/// The client id in a lock value `{HOLDER_PREFIX}{id}/{random}`.
 fn client_of(value: &str) -> Option<u32> {
     value
-        .strip_prefix("lab/client-")?
+        .strip_prefix(HOLDER_PREFIX)?
         .split('/')
         .next()?
         .parse()
         .ok()
 }
-const LOCK_KEY: &str = "lockedjob:lock:lab";
 
 /// What is running, and the history being recorded.
 struct Run {
+    /// The lock's key on the nodes, as the clients' engines name it.
+    lock_key: String,
     nodes: RedisNodes,
     store: RedisNode,
     /// `proxies[client][node]`, when the scenario cuts or slows single paths.
@@ -120,7 +121,12 @@ impl Run {
         while !interrupted() && Instant::now() < until {
             let values: Vec<Option<String>> = nodes
                 .iter()
-                .map(|&n| self.nodes[n].command(&["GET", LOCK_KEY]).ok().flatten())
+                .map(|&n| {
+                    self.nodes[n]
+                        .command(&["GET", &self.lock_key])
+                        .ok()
+                        .flatten()
+                })
                 .collect();
             if let Some(Some(value)) = values.first() {
                 if values.iter().all(|v| v.as_ref() == Some(value))
@@ -136,11 +142,19 @@ impl Run {
         None
     }
 
-    /// Sets every client's path to `nodes` to `mode`.
-    fn set_paths(&mut self, nodes: std::ops::Range<usize>, mode: ProxyMode, state: NodeState) {
+    /// Sets the paths from `clients` (all when `None`) to `nodes` to `mode`.
+    fn set_paths(
+        &mut self,
+        clients: Option<u32>,
+        nodes: std::ops::Range<usize>,
+        mode: ProxyMode,
+        state: NodeState,
+    ) {
         for node in nodes {
-            for paths in &self.proxies {
-                paths[node].set_mode(mode);
+            for (client, paths) in self.proxies.iter().enumerate() {
+                if clients.is_none_or(|c| c as usize == client) {
+                    paths[node].set_mode(mode);
+                }
             }
             self.node_state(node, state);
         }
@@ -153,12 +167,7 @@ impl Run {
 }
 
 fn start(scenario: Scenario, p: &Parameters) -> Result<Run, LabError> {
-    let persistence = if scenario == Scenario::RestartNoPersistence {
-        Persistence::None
-    } else {
-        Persistence::AppendFsyncAlways
-    };
-    let nodes = RedisNodes::start_where(p.nodes as usize, persistence, |i| {
+    let nodes = RedisNodes::start_where(p.nodes as usize, scenario.persistence(), |i| {
         scenario == Scenario::ClockJump && i == 2
     })?;
     let store = RedisNode::start(Persistence::None)?;
@@ -181,6 +190,7 @@ fn start(scenario: Scenario, p: &Parameters) -> Result<Run, LabError> {
     let exe = std::env::current_exe().map_err(|e| LabError::Io("find this program", e))?;
     let events = Arc::new(Mutex::new(Vec::new()));
     let mut run = Run {
+        lock_key: format!("{DEFAULT_KEY_PREFIX}:lock:{LOCK}"),
         nodes,
         store,
         proxies,
@@ -391,13 +401,13 @@ fn script(
             while !interrupted() && Instant::now() + ttl * 3 < end {
                 nap(ttl);
                 let before: Option<String> =
-                    run.nodes[2].command(&["GET", LOCK_KEY]).ok().flatten();
-                run.set_paths(majority..n, ProxyMode::Reject, NodeState::Partitioned);
+                    run.nodes[2].command(&["GET", &run.lock_key]).ok().flatten();
+                run.set_paths(None, majority..n, ProxyMode::Reject, NodeState::Partitioned);
                 run.fault(format!("redis {majority}-{} unreachable", n - 1));
                 // A lease taken from now on lives on {0, 1, 2} only.
                 let exactly_a_majority: Vec<usize> = (0..majority).collect();
                 let holder = run.wait_lease(&exactly_a_majority, before.as_deref(), ttl * 5);
-                run.set_paths(majority..n, ProxyMode::Forward, NodeState::Up);
+                run.set_paths(None, majority..n, ProxyMode::Forward, NodeState::Up);
                 let Some(holder) = holder else { continue };
                 jumped += ttl * 3;
                 run.nodes[2].shift_clock(jumped)?;
@@ -440,15 +450,14 @@ fn script(
                 };
                 nap(ttl / 5);
                 run.fault(format!("cut client {holder} from redis 0-{}", majority - 1));
-                for node in 0..majority {
-                    run.proxies[holder as usize][node].set_mode(ProxyMode::Blackhole);
-                    run.node_state(node, NodeState::Partitioned);
-                }
+                run.set_paths(
+                    Some(holder),
+                    0..majority,
+                    ProxyMode::Blackhole,
+                    NodeState::Partitioned,
+                );
                 nap(ttl * 3);
-                for node in 0..majority {
-                    run.proxies[holder as usize][node].set_mode(ProxyMode::Forward);
-                    run.node_state(node, NodeState::Up);
-                }
+                run.set_paths(Some(holder), 0..majority, ProxyMode::Forward, NodeState::Up);
                 run.fault(format!("heal client {holder}"));
                 nap(ttl);
             }
@@ -464,25 +473,13 @@ fn script(
                 if i > 0 {
                     run.fault(format!("latency {} ms each way", delay.as_millis()));
                 }
-                for proxy in run.proxies.iter().flatten() {
-                    proxy.set_mode(if delay.is_zero() {
-                        ProxyMode::Forward
-                    } else {
-                        ProxyMode::Delay(delay)
-                    });
-                }
-                for node in 0..n {
-                    run.node_state(
-                        node,
-                        if delay.is_zero() {
-                            NodeState::Up
-                        } else {
-                            NodeState::Slow {
-                                delay_ms: delay.as_millis() as u64,
-                            }
-                        },
-                    );
-                }
+                let (mode, state) = if delay.is_zero() {
+                    (ProxyMode::Forward, NodeState::Up)
+                } else {
+                    let delay_ms = delay.as_millis() as u64;
+                    (ProxyMode::Delay(delay), NodeState::Slow { delay_ms })
+                };
+                run.set_paths(None, 0..n, mode, state);
                 sleep_until((Instant::now() + step_time).min(end));
             }
             sleep_until(end);
