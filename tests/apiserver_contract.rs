@@ -868,6 +868,18 @@ async fn local_kubelet_runs_jobs_and_reports_like_the_job_controller() {
         server.pod_logs("default", &pod.name_any()),
         ("hello\n".to_string(), "oops\n".to_string())
     );
+    // The same output through the logs API, as `kubectl logs` and the e2e journal read it.
+    assert_eq!(
+        pods.logs(&pod.name_any(), &Default::default())
+            .await
+            .expect("pods/log"),
+        "hello\noops\n"
+    );
+    let missing = pods.logs("no-such-pod", &Default::default()).await;
+    assert!(
+        matches!(missing, Err(kube::Error::Api(ref s)) if s.code == 404),
+        "{missing:?}"
+    );
 
     jobs.create(
         &PostParams::default(),
@@ -1054,6 +1066,28 @@ async fn every_served_type_can_be_created_and_listed() {
             .len(),
         1
     );
+    // A CRD applied is established, as clients (kube's `await_condition`) wait for.
+    {
+        use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+        use kube::CustomResourceExt;
+        let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+        crds.patch(
+            "lockedjobs.lockedjob.dev",
+            &PatchParams::apply("contract").force(),
+            &Patch::Apply(LockedJob::crd()),
+        )
+        .await
+        .expect("apply the CRD");
+        let established = kube::runtime::wait::await_condition(
+            crds,
+            "lockedjobs.lockedjob.dev",
+            kube::runtime::wait::conditions::is_crd_established(),
+        );
+        tokio::time::timeout(WAIT, established)
+            .await
+            .expect("CRD established")
+            .expect("watch the CRD");
+    }
     let discovery = kube::Discovery::new(client).run().await.expect("discovery");
     let groups: Vec<String> = discovery.groups().map(|g| g.name().to_string()).collect();
     for group in [
@@ -1138,4 +1172,21 @@ async fn holds_5000_objects_and_50_watches() {
     println!(
         "stand-in: started in {startup:?}; 5000 creates with 50 watches open in {create_time:?}"
     );
+}
+
+/// Not a check: serves a stand-in for `LOCKEDJOB_STANDIN_SERVE_SECONDS` (default 600) and
+/// prints its kubeconfig, so the opt-in real-cluster paths of the suites (fresh namespaces,
+/// CRD install, namespace-scoped replicas, clean-up) can be tried where no cluster exists:
+/// `cargo test --test apiserver_contract -- --ignored --nocapture serve_a_standin`, then
+/// `LOCKEDJOB_E2E_KUBECONFIG=<printed path> LOCKEDJOB_E2E_PACE=1 cargo test --test operator_e2e`.
+#[test]
+#[ignore = "a tool, not a test: serves a stand-in until its time is up"]
+fn serve_a_standin() {
+    let server = ApiServer::start();
+    println!("kubeconfig: {}", server.kubeconfig().display());
+    let seconds = std::env::var("LOCKEDJOB_STANDIN_SERVE_SECONDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(600);
+    std::thread::sleep(Duration::from_secs(seconds));
 }

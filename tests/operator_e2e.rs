@@ -1,357 +1,357 @@
-//! End to end: stand-in API servers, real Redis nodes, and the real `lockedjob operator`
-//! binary as separate processes. Each Job appends `lock scheduled token cluster start end` to a
-//! shared journal; the checker asserts one run per scheduled time per lock, no overlap, and
-//! tokens growing in start order.
+//! End to end: real Redis nodes and the real `lockedjob operator` binary as separate
+//! processes, against the stand-in API server always and against the real cluster of
+//! `LOCKEDJOB_E2E_KUBECONFIG` when it is set (scenarios that need the stand-in's fault switches
+//! say so and skip there). Each Job prints `lock scheduled token cluster start end` when it
+//! ends; the suite reads those lines through the pods' logs API and the checker asserts one
+//! run per scheduled time per lock, no overlap, and tokens growing in start order.
 
 mod e2e;
 mod standin;
 mod support;
 
-use e2e::{check, condition, journaled, logs_of, read_journal, Lab, Replica};
+use e2e::{
+    check, cluster_pairs, clusters, condition, logs_of, wait_for_holder, Cluster, Journal, Lab,
+    Replica,
+};
+use k8s_openapi::api::batch::v1::Job;
 use kube::api::{Api, PostParams};
 use lockedjob::api::LockedJob;
 use nix::sys::signal::Signal;
 use serde_json::json;
-use standin::{eventually, ApiServer};
+use standin::eventually;
 use std::time::Duration;
 use support::{Persistence, RedisNodes};
 
+/// Any Job of the LockedJobs not being deleted.
+fn any_live(jobs: &[Job]) -> bool {
+    jobs.iter().any(|j| j.metadata.deletion_timestamp.is_none())
+}
+
+async fn list_jobs(jobs: &Api<Job>) -> Option<Vec<Job>> {
+    jobs.list(&Default::default()).await.ok().map(|l| l.items)
+}
+
+/// Scenarios 1 and 7: 3 replicas, a LockedJob every 2 s; an invalid one beside it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_replicas_run_each_time_once_and_invalid_specs_are_reported() {
-    let Lab {
-        nodes: _nodes,
-        server,
-        dir: _dir,
-        journal,
-        replicas,
-    } = Lab::start(5, 3);
-    let client = server.client().await;
-    let api: Api<LockedJob> = Api::namespaced(client, "default");
+    for cluster in clusters().await {
+        three_replicas(Lab::start(cluster, 5, 3)).await;
+    }
+}
+
+async fn three_replicas(lab: Lab) {
+    let c = &lab.cluster;
+    let api: Api<LockedJob> = c.api();
     api.create(
         &PostParams::default(),
-        &journaled("every-2s", "*/2 * * * * *", "c1", &journal, None, "0.3"),
+        &c.journaled("every-2s", &c.every(2), "c1", None, 0.3),
     )
     .await
     .expect("create");
-    let mut bad = journaled("bad-cron", "61 * * * *", "c1", &journal, None, "0");
-    bad.metadata.name = Some("bad-cron".into());
-    api.create(&PostParams::default(), &bad)
-        .await
-        .expect("create invalid");
+    api.create(
+        &PostParams::default(),
+        &c.journaled("bad-cron", "61 * * * *", "c1", None, 0.0),
+    )
+    .await
+    .expect("create invalid");
 
     assert!(
-        eventually(Duration::from_secs(20), || async {
+        eventually(c.secs(20.0), || async {
             condition(&api, "bad-cron", "InvalidSpec")
                 .await
                 .is_some_and(|(s, m)| s == "True" && m.contains("spec.schedule"))
         })
         .await,
-        "InvalidSpec not reported"
+        "InvalidSpec not reported on the {}",
+        c.name
     );
-    tokio::time::sleep(Duration::from_secs(24)).await;
-    for r in &replicas {
+    tokio::time::sleep(c.secs(24.0)).await;
+    for r in &lab.replicas {
         r.signal(Signal::SIGTERM);
     }
-    let runs = read_journal(&journal);
-    let logs = logs_of(&replicas);
-    assert!(runs.len() >= 5, "too few runs ({}):\n{logs}", runs.len());
+    let runs = lab.journal.runs().await;
+    let logs = logs_of(&lab.replicas);
+    assert!(
+        runs.len() >= 5,
+        "too few runs on the {} ({}):\n{logs}",
+        c.name,
+        runs.len()
+    );
     check(&runs).unwrap_or_else(|e| panic!("{e}\n{logs}"));
-    let holders: std::collections::HashSet<String> = api
+    let holder = api
         .get("every-2s")
         .await
         .expect("get")
         .status
         .and_then(|s| s.last_run)
-        .map(|r| r.holder)
-        .into_iter()
-        .collect();
-    assert!(!holders.is_empty(), "lastRun recorded");
-    assert!(runs.iter().all(|r| r.lock == "default/every-2s"));
+        .map(|r| r.holder);
+    assert!(holder.is_some(), "lastRun recorded");
+    assert!(runs.iter().all(|r| r.lock == c.default_lock("every-2s")));
 }
 
+/// Scenario 4: two clusters, 2 replicas each, one lock name, one set of 5 Redis nodes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_clusters_sharing_redis_run_each_time_once_across_both() {
+    for (east, west) in cluster_pairs().await {
+        two_clusters(east, west).await;
+    }
+}
+
+async fn two_clusters(east: Cluster, west: Cluster) {
     let nodes = RedisNodes::start(5, Persistence::AppendFsyncAlways).expect("start redis-server");
-    let east = ApiServer::start();
-    let west = ApiServer::start();
     let dir = tempfile::tempdir().expect("dir");
-    let journal = dir.path().join("journal");
     let mut replicas = Vec::new();
-    for (cluster, server) in [("east", &east), ("west", &west)] {
+    for (cluster_id, cluster) in [("east", &east), ("west", &west)] {
         for i in 0..2 {
             replicas.push(Replica::start(
-                server,
-                &nodes.urls(),
                 cluster,
+                &nodes.urls(),
+                cluster_id,
                 &format!("r{i}"),
                 dir.path(),
             ));
         }
-        let api: Api<LockedJob> = Api::namespaced(server.client().await, "default");
-        api.create(
-            &PostParams::default(),
-            &journaled(
-                "shared",
-                "*/2 * * * * *",
-                cluster,
-                &journal,
-                Some("global/shared"),
-                "0.3",
-            ),
-        )
-        .await
-        .expect("create");
+        cluster
+            .api::<LockedJob>()
+            .create(
+                &PostParams::default(),
+                &cluster.journaled(
+                    "shared",
+                    &cluster.every(2),
+                    cluster_id,
+                    Some("global/shared"),
+                    0.3,
+                ),
+            )
+            .await
+            .expect("create");
     }
-    tokio::time::sleep(Duration::from_secs(24)).await;
+    let journal = Journal::new(vec![east.api(), west.api()]);
+    tokio::time::sleep(east.secs(24.0)).await;
     for r in &replicas {
         r.signal(Signal::SIGTERM);
     }
-    let runs = read_journal(&journal);
+    let runs = journal.runs().await;
     let logs = logs_of(&replicas);
-    assert!(runs.len() >= 5, "too few runs ({}):\n{logs}", runs.len());
+    assert!(
+        runs.len() >= 5,
+        "too few runs on the {} ({}):\n{logs}",
+        east.name,
+        runs.len()
+    );
     check(&runs).unwrap_or_else(|e| panic!("{e}\n{logs}"));
     assert!(runs.iter().all(|r| r.lock == "global/shared"));
 }
 
+/// Scenario 3: 1 of 5 Redis nodes down, then 3 of 5 mid-run, then back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn quorum_loss_deletes_the_job_before_the_deadline_and_runs_resume_after() {
-    let Lab {
-        mut nodes,
-        server,
-        dir: _dir,
-        journal,
-        replicas,
-    } = Lab::start(5, 2);
-    let client = server.client().await;
-    let api: Api<LockedJob> = Api::namespaced(client.clone(), "default");
-    let jobs: Api<k8s_openapi::api::batch::v1::Job> = Api::namespaced(client, "default");
+    for cluster in clusters().await {
+        quorum_loss(Lab::start(cluster, 5, 2)).await;
+    }
+}
+
+async fn quorum_loss(mut lab: Lab) {
+    let c = &lab.cluster;
+    let api: Api<LockedJob> = c.api();
+    let jobs: Api<Job> = c.api();
     api.create(
         &PostParams::default(),
-        &journaled("long", "*/3 * * * * *", "c1", &journal, None, "60"),
+        &c.journaled("long", &c.every(3), "c1", None, 60.0),
     )
     .await
     .expect("create");
 
     // One node down: runs go on, RedisDegraded is reported.
-    nodes[4].kill9();
+    lab.nodes[4].kill9();
     assert!(
-        eventually(Duration::from_secs(30), || async {
+        eventually(c.secs(30.0), || async {
             condition(&api, "long", "RedisDegraded")
                 .await
                 .is_some_and(|(s, _)| s == "True")
         })
         .await,
-        "RedisDegraded not reported"
+        "RedisDegraded not reported on the {}",
+        c.name
     );
     assert!(
-        eventually(Duration::from_secs(20), || async {
-            jobs.list(&Default::default()).await.is_ok_and(|l| {
-                l.items
-                    .iter()
-                    .any(|j| j.metadata.deletion_timestamp.is_none())
-            })
+        eventually(c.secs(20.0), || async {
+            list_jobs(&jobs).await.is_some_and(|l| any_live(&l))
         })
         .await,
-        "no Job started"
+        "no Job started on the {}",
+        c.name
     );
 
-    // Majority down mid-run: the Job is deleted within the lease, LockLost is set.
-    nodes[0].kill9();
-    nodes[1].kill9();
+    // Majority down mid-run: the Job is deleted within the lease, LockLost is set. The
+    // stand-in's kubelet kills at once, so there the Job must be gone; a real cluster's pods
+    // take their grace period, so there the operator's deletion must have been issued.
+    let stopped = |jobs: &[Job]| {
+        if c.is_real() {
+            !any_live(jobs)
+        } else {
+            jobs.is_empty()
+        }
+    };
+    lab.nodes[0].kill9();
+    lab.nodes[1].kill9();
     let lost_at = std::time::Instant::now();
     assert!(
-        eventually(Duration::from_secs(20), || async {
+        eventually(c.secs(20.0), || async {
             condition(&api, "long", "LockLost")
                 .await
                 .is_some_and(|(s, _)| s == "True")
         })
         .await,
-        "LockLost not set"
+        "LockLost not set on the {}",
+        c.name
     );
     assert!(
-        eventually(Duration::from_secs(10), || async {
-            jobs.list(&Default::default())
-                .await
-                .is_ok_and(|l| l.items.is_empty())
+        eventually(c.secs(10.0), || async {
+            list_jobs(&jobs).await.is_some_and(|l| stopped(&l))
         })
         .await,
-        "the Job was not deleted"
+        "the Job was not deleted on the {}",
+        c.name
     );
     let stopped_after = lost_at.elapsed();
-    // The lease (6 s) was renewed at most 2 s before the kill: its deadline is within 6 s.
+    // The lease (6 s at the stand-in's pace) was renewed at most a third of it before the
+    // kill: its deadline is within one TTL.
     assert!(
-        stopped_after < Duration::from_secs(6),
+        stopped_after < c.secs(6.0),
         "Job outlived the lease deadline: {stopped_after:?}"
     );
     // No new run without the lock.
-    tokio::time::sleep(Duration::from_secs(4)).await;
+    tokio::time::sleep(c.secs(4.0)).await;
     assert!(
-        jobs.list(&Default::default())
-            .await
-            .expect("list")
-            .items
-            .is_empty(),
+        stopped(&list_jobs(&jobs).await.expect("list")),
         "a run started without quorum"
     );
 
-    nodes[0].restart().expect("restart redis-server");
-    nodes[1].restart().expect("restart redis-server");
+    lab.nodes[0].restart().expect("restart redis-server");
+    lab.nodes[1].restart().expect("restart redis-server");
     assert!(
-        eventually(Duration::from_secs(30), || async {
-            jobs.list(&Default::default())
-                .await
-                .is_ok_and(|l| !l.items.is_empty())
+        eventually(c.secs(30.0), || async {
+            list_jobs(&jobs).await.is_some_and(|l| any_live(&l))
         })
         .await,
         "runs did not resume: {}",
-        replicas.iter().map(|r| r.log()).collect::<String>()
+        logs_of(&lab.replicas)
     );
 }
 
+/// Scenario 2: kill -9 of the holder replica mid-run.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_holder_is_replaced_without_a_second_job_for_the_same_time() {
-    let Lab {
-        nodes: _nodes,
-        server,
-        dir: _dir,
-        journal,
-        mut replicas,
-    } = Lab::start(3, 3);
-    let client = server.client().await;
-    let api: Api<LockedJob> = Api::namespaced(client.clone(), "default");
+    for cluster in clusters().await {
+        killed_holder(Lab::start(cluster, 3, 3)).await;
+    }
+}
+
+async fn killed_holder(mut lab: Lab) {
+    let c = &lab.cluster;
+    let api: Api<LockedJob> = c.api();
     api.create(
         &PostParams::default(),
-        &journaled("adopt", "*/4 * * * * *", "c1", &journal, None, "3"),
+        &c.journaled("adopt", &c.every(4), "c1", None, 3.0),
     )
     .await
     .expect("create");
-    // Wait for the first run's holder, then kill -9 it mid-run.
-    assert!(
-        eventually(Duration::from_secs(30), || async {
-            api.get("adopt")
-                .await
-                .ok()
-                .and_then(|l| l.status)
-                .and_then(|s| s.last_run)
-                .is_some()
-        })
-        .await
-    );
-    let holder = api
-        .get("adopt")
-        .await
-        .expect("get")
-        .status
-        .and_then(|s| s.last_run)
-        .map(|r| r.holder)
-        .expect("holder");
-    let index = replicas
+    let holder = wait_for_holder(&api, "adopt", c.secs(30.0)).await;
+    let index = lab
+        .replicas
         .iter()
         .position(|r| holder.ends_with(&format!("/{}", r.name)))
         .expect("holder is a replica");
-    let victim = replicas.remove(index);
-    drop(victim); // kill -9
-    tokio::time::sleep(Duration::from_secs(20)).await;
-    for r in &replicas {
+    drop(lab.replicas.remove(index)); // kill -9
+    tokio::time::sleep(c.secs(20.0)).await;
+    for r in &lab.replicas {
         r.signal(Signal::SIGTERM);
     }
-    let runs = read_journal(&journal);
-    let logs = logs_of(&replicas);
+    let runs = lab.journal.runs().await;
+    let logs = logs_of(&lab.replicas);
     check(&runs).unwrap_or_else(|e| panic!("{e}\n{logs}"));
     assert!(
         runs.len() >= 3,
-        "runs did not go on after the holder died ({}):\n{logs}",
+        "runs did not go on after the holder died on the {} ({}):\n{logs}",
+        c.name,
         runs.len()
     );
 }
 
-async fn wait_for_holder(api: &Api<LockedJob>, name: &str) -> String {
-    assert!(
-        eventually(Duration::from_secs(40), || async {
-            api.get(name)
-                .await
-                .ok()
-                .and_then(|l| l.status)
-                .and_then(|s| s.last_run)
-                .is_some()
-        })
-        .await,
-        "no run started"
-    );
-    api.get(name)
-        .await
-        .expect("get")
-        .status
-        .and_then(|s| s.last_run)
-        .map(|r| r.holder)
-        .expect("holder")
-}
-
+/// Scenario 5: the holder SIGSTOPped for longer than the TTL, then SIGCONT.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn paused_holder_is_taken_over_and_leaves_the_job_alone_when_it_wakes() {
-    let Lab {
-        nodes: _nodes,
-        server,
-        dir: _dir,
-        journal,
-        replicas,
-    } = Lab::start(3, 3);
-    let api: Api<LockedJob> = Api::namespaced(server.client().await, "default");
+    for cluster in clusters().await {
+        paused_holder(Lab::start(cluster, 3, 3)).await;
+    }
+}
+
+async fn paused_holder(lab: Lab) {
+    let c = &lab.cluster;
+    let api: Api<LockedJob> = c.api();
     api.create(
         &PostParams::default(),
-        &journaled("paused", "*/20 * * * * *", "c1", &journal, None, "11"),
+        &c.journaled("paused", &c.every(20), "c1", None, 11.0),
     )
     .await
     .expect("create");
-    let holder = wait_for_holder(&api, "paused").await;
-    let paused = replicas
+    let holder = wait_for_holder(&api, "paused", c.secs(40.0)).await;
+    let paused = lab
+        .replicas
         .iter()
         .find(|r| holder.ends_with(&format!("/{}", r.name)))
         .expect("holder is a replica");
-    // Longer than the 6 s TTL: the lease runs out while the holder sleeps.
+    // Longer than the TTL (6 s at the stand-in's pace): the lease runs out while it sleeps.
     paused.signal(Signal::SIGSTOP);
-    tokio::time::sleep(Duration::from_secs(9)).await;
+    tokio::time::sleep(c.secs(9.0)).await;
     paused.signal(Signal::SIGCONT);
-    // The run the paused holder started must finish (it writes its journal line at the end):
-    // had the woken holder deleted the Job, that line would be missing.
+    // The run the paused holder started must finish (it journals when it ends): had the
+    // woken holder deleted the Job, that line would be missing.
     assert!(
-        eventually(Duration::from_secs(20), || async {
-            !read_journal(&journal).is_empty()
-        })
-        .await,
-        "the first run never finished: {}",
-        replicas
-            .iter()
-            .map(|r| format!("--- {}\n{}", r.name, r.log()))
-            .collect::<String>()
+        lab.journal
+            .wait_for(c.secs(20.0), |runs| !runs.is_empty())
+            .await,
+        "the first run never finished on the {}: {}",
+        c.name,
+        logs_of(&lab.replicas)
     );
-    let adopted = replicas
+    let adopted = lab
+        .replicas
         .iter()
         .any(|r| r.name != paused.name && r.log().contains("adopting the Job"));
     let left_alone = paused.log().contains("another holder has the lock now");
-    let logs = logs_of(&replicas);
+    let logs = logs_of(&lab.replicas);
     assert!(adopted, "no replica adopted the Job:\n{logs}");
     assert!(left_alone, "the woken holder did not step aside:\n{logs}");
-    check(&read_journal(&journal)).unwrap_or_else(|e| panic!("{e}\n{logs}"));
+    check(&lab.journal.runs().await).unwrap_or_else(|e| panic!("{e}\n{logs}"));
 }
 
+/// Scenario 6: the holder cut off from its API server for a while (a stand-in fault).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn holder_cut_off_from_its_api_server_causes_no_duplicate_and_status_catches_up() {
-    let Lab {
-        nodes: _nodes,
-        server,
-        dir: _dir,
-        journal,
-        replicas,
-    } = Lab::start(3, 3);
-    let api: Api<LockedJob> = Api::namespaced(server.client().await, "default");
+    for cluster in clusters().await {
+        if cluster
+            .standin_or_skip("cutting one replica off its API server")
+            .is_some()
+        {
+            holder_cut_off(Lab::start(cluster, 3, 3)).await;
+        }
+    }
+}
+
+async fn holder_cut_off(lab: Lab) {
+    let c = &lab.cluster;
+    let server = c.standin.as_ref().expect("a stand-in");
+    let api: Api<LockedJob> = c.api();
     api.create(
         &PostParams::default(),
-        &journaled("cut", "*/4 * * * * *", "c1", &journal, None, "2"),
+        &c.journaled("cut", &c.every(4), "c1", None, 2.0),
     )
     .await
     .expect("create");
-    let holder = wait_for_holder(&api, "cut").await;
+    let holder = wait_for_holder(&api, "cut", c.secs(40.0)).await;
+    // Each replica's kubeconfig sends its runner name as its token.
     let token = holder.rsplit('/').next().expect("runner name").to_string();
     server.set_faults(|f| {
         f.cut_tokens.insert(token.clone());
@@ -360,12 +360,12 @@ async fn holder_cut_off_from_its_api_server_causes_no_duplicate_and_status_catch
     server.set_faults(|f| f.cut_tokens.clear());
     tokio::time::sleep(Duration::from_secs(10)).await;
     let status = api.get("cut").await.expect("get").status.expect("status");
-    let logs = logs_of(&replicas);
+    let logs = logs_of(&lab.replicas);
     assert!(
         status.last_successful_time.is_some(),
         "status did not catch up:\n{logs}"
     );
-    let runs = read_journal(&journal);
+    let runs = lab.journal.runs().await;
     check(&runs).unwrap_or_else(|e| panic!("{e}\n{logs}"));
     assert!(runs.len() >= 3, "runs stopped ({}):\n{logs}", runs.len());
 }
@@ -374,21 +374,21 @@ async fn holder_cut_off_from_its_api_server_causes_no_duplicate_and_status_catch
 /// and is cleared; a malformed request is reported and cleared without a run.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn run_now_annotation_runs_once_per_request_across_replicas() {
+    for cluster in clusters().await {
+        run_now(Lab::start(cluster, 3, 3)).await;
+    }
+}
+
+async fn run_now(lab: Lab) {
     use kube::api::{Patch, PatchParams};
-    let Lab {
-        nodes: _nodes,
-        server,
-        dir: _dir,
-        journal,
-        replicas,
-    } = Lab::start(3, 3);
-    let client = server.client().await;
-    let api: Api<LockedJob> = Api::namespaced(client.clone(), "default");
-    let jobs: Api<k8s_openapi::api::batch::v1::Job> = Api::namespaced(client, "default");
+    use kube::ResourceExt;
+    let c = &lab.cluster;
+    let api: Api<LockedJob> = c.api();
+    let jobs: Api<Job> = c.api();
     // Yearly: no scheduled run falls inside the test.
     api.create(
         &PostParams::default(),
-        &journaled("manual", "0 0 1 1 *", "c1", &journal, None, "0.2"),
+        &c.journaled("manual", "0 0 1 1 *", "c1", None, 0.2),
     )
     .await
     .expect("create");
@@ -407,7 +407,6 @@ async fn run_now_annotation_runs_once_per_request_across_replicas() {
             .ok()
             .is_some_and(|lj| !lj.annotations().contains_key("lockedjob.dev/run-now"))
     };
-    use kube::ResourceExt;
 
     for (i, requested) in ["2026-01-01T00:00:00Z", "2026-01-01T00:00:05Z"]
         .into_iter()
@@ -415,28 +414,26 @@ async fn run_now_annotation_runs_once_per_request_across_replicas() {
     {
         annotate(requested).await;
         assert!(
-            eventually(Duration::from_secs(20), || async {
-                read_journal(&journal).len() == i + 1
-            })
-            .await,
-            "request {requested} ran:\n{}",
-            logs_of(&replicas)
+            lab.journal
+                .wait_for(c.secs(20.0), |runs| runs.len() == i + 1)
+                .await,
+            "request {requested} ran on the {}:\n{}",
+            c.name,
+            logs_of(&lab.replicas)
         );
         assert!(
-            eventually(Duration::from_secs(10), annotation_cleared).await,
+            eventually(c.secs(10.0), annotation_cleared).await,
             "request {requested} cleared"
         );
     }
     // Let any replica that would run a request twice do so before counting.
-    tokio::time::sleep(Duration::from_secs(8)).await;
-    let runs = read_journal(&journal);
-    assert_eq!(runs.len(), 2, "{runs:#?}\n{}", logs_of(&replicas));
+    tokio::time::sleep(c.secs(8.0)).await;
+    let runs = lab.journal.runs().await;
+    assert_eq!(runs.len(), 2, "{runs:#?}\n{}", logs_of(&lab.replicas));
     check(&runs).unwrap_or_else(|e| panic!("{e}"));
-    let manual: Vec<String> = jobs
-        .list(&Default::default())
+    let manual: Vec<String> = list_jobs(&jobs)
         .await
         .expect("list")
-        .items
         .iter()
         .filter(|j| {
             j.labels()
@@ -461,16 +458,16 @@ async fn run_now_annotation_runs_once_per_request_across_replicas() {
 
     annotate("tomorrow").await;
     assert!(
-        eventually(Duration::from_secs(20), annotation_cleared).await,
+        eventually(c.secs(20.0), annotation_cleared).await,
         "a malformed request is cleared"
     );
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    tokio::time::sleep(c.secs(3.0)).await;
     assert_eq!(
-        read_journal(&journal).len(),
+        lab.journal.runs().await.len(),
         2,
         "a malformed request runs nothing"
     );
-    for r in &replicas {
+    for r in &lab.replicas {
         r.signal(Signal::SIGTERM);
     }
 }

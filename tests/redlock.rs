@@ -252,6 +252,77 @@ async fn fencing_tokens_strictly_increase_across_node_crashes_and_restarts() {
     assert_eq!(tokens[0], 1);
 }
 
+/// A refusal by a holder's quorum is `Contended`; nodes split between contenders with no value
+/// on a quorum is a `SplitVote` (nobody holds the lock, so retrying soon is right), and the
+/// attempt gives its own part back either way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_split_vote_is_told_from_a_held_lock() {
+    let nodes = RedisNodes::start(5, Persistence::None).expect("start redis-server");
+    let client = engine(nodes.urls(), "test/split");
+    let key = "lockedjob:lock:split";
+    let put = |node: usize, value: &str| {
+        let _: () = nodes[node].query(&["SET", key, value, "PX", "10000"]);
+    };
+    let clear = || {
+        for node in 0..5 {
+            let _: i64 = nodes[node].query(&["DEL", key]);
+        }
+    };
+
+    // Two other contenders with 2 and 1 nodes; this attempt gets the other 2.
+    put(0, "x/1");
+    put(1, "x/1");
+    put(2, "y/2");
+    let err = client
+        .try_acquire("split", 10 * SECOND)
+        .await
+        .expect_err("no quorum for anyone");
+    assert!(
+        matches!(
+            err,
+            LockError::SplitVote {
+                granted: 2,
+                strongest_other: 2,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(err.is_contended());
+    assert_eq!(nodes.count_key(key), 3, "our two grants were given back");
+
+    // One other value on 3 of 5 nodes: a holder.
+    clear();
+    for node in 0..3 {
+        put(node, "x/1");
+    }
+    let err = client
+        .try_acquire("split", 10 * SECOND)
+        .await
+        .expect_err("held");
+    assert!(matches!(err, LockError::Contended { .. }), "{err}");
+    assert_eq!(nodes.count_key(key), 3);
+}
+
+/// Work between acquiring and starting the watchdog (the operator creates the Job first) must
+/// not cost the lease: the first renewal is due a renew interval into the lease's life.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watchdog_started_late_renews_at_once_instead_of_giving_up() {
+    let nodes = RedisNodes::start(3, Persistence::None).expect("start redis-server");
+    let client = engine(nodes.urls(), "test/late-watchdog");
+    let ttl = 3 * SECOND;
+    let timing = LeaseTiming::from_ttl(ttl); // renew every 1 s, give up 300 ms before the end
+    let lease = client.try_acquire("late", ttl).await.expect("acquire");
+    // Past the first renewal's time, 0.7 s before the give-up point.
+    tokio::time::sleep(2 * SECOND).await;
+    let watchdog = Watchdog::spawn(client.clone(), lease, timing);
+    tokio::time::sleep(2 * SECOND).await;
+    let status = watchdog.status();
+    assert!(!watchdog.is_lost(), "lease given up: {status:?}");
+    assert!(status.renewals >= 1, "{status:?}");
+    assert!(watchdog.release(&client).await, "still held at release");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn watchdog_keeps_the_lease_alive_then_fires_before_the_deadline_on_quorum_loss() {
     let mut nodes = RedisNodes::start(3, Persistence::None).expect("start redis-server");

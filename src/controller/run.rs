@@ -289,9 +289,17 @@ async fn start_inner(
     };
     let lease = match acquired {
         Ok(lease) => lease,
-        Err(LockError::Contended { progress, .. }) if progress >= scheduled_ms && !manual => {
+        Err(LockError::Contended { progress, .. } | LockError::SplitVote { progress, .. })
+            if progress >= scheduled_ms && !manual =>
+        {
             tracing::debug!("another runner holds the lock and runs this time");
             return Err(NotStarted::RunningElsewhere);
+        }
+        // Nobody won (the replicas split the nodes) and so nobody will record a run: waiting
+        // for the LockedJob's status to change would wait a whole TTL and could miss the time.
+        Err(e @ LockError::SplitVote { .. }) => {
+            tracing::debug!(error = %e, "split vote; trying again after a short random pause");
+            return Err(NotStarted::Failed);
         }
         Err(e) if e.is_contended() => {
             tracing::debug!("the lock is held (by an earlier run); trying again when it frees");

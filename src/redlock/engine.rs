@@ -6,10 +6,11 @@ use super::error::{LockError, NodeErrorKind, NodeFailure};
 use super::lease::Lease;
 use super::node::{Node, Request};
 use super::scripts;
-use super::timing::{backoff, drift_allowance, quorum, validity};
+use super::timing::{backoff, drift_allowance, may_hold_quorum, quorum, validity};
 use crate::metrics::{self, Outcome};
 use futures::future::join_all;
 use redis::FromRedisValue;
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -202,9 +203,12 @@ impl Redlock {
             .cmd("GET")
             .arg(&fence_key)
             .cmd("GET")
-            .arg(&progress_key);
+            .arg(&progress_key)
+            // Who holds the key where ours was refused: tells a holder from a split vote.
+            .cmd("GET")
+            .arg(&lock_key);
         let phase1 = self
-            .round::<(Option<String>, Option<u64>, Option<u64>)>(
+            .round::<(Option<String>, Option<u64>, Option<u64>, Option<String>)>(
                 "acquire",
                 Request::Pipeline(&grant),
                 None,
@@ -215,7 +219,9 @@ impl Redlock {
         let mut fences = Vec::with_capacity(phase1.replies.len());
         let mut done = 0;
         let mut refused = vec![false; self.inner.nodes.len()];
-        for (index, (set, fence, progress)) in phase1.replies {
+        let answered = phase1.replies.len();
+        let mut other_values: HashMap<String, usize> = HashMap::new();
+        for (index, (set, fence, progress, current)) in phase1.replies {
             // Any node's progress was raised by a holder that started that step, so the
             // refusing nodes' values count too.
             done = done.max(progress.unwrap_or(0));
@@ -224,6 +230,9 @@ impl Redlock {
             } else {
                 held += 1;
                 refused[index] = true;
+                if let Some(current) = current {
+                    *other_values.entry(current).or_default() += 1;
+                }
                 failures.push(self.failure(index, NodeErrorKind::WrongValue));
             }
         }
@@ -235,24 +244,36 @@ impl Redlock {
             // that did not answer. With several contenders this halves a loser's traffic.
             self.release_value_except(&lock_key, &value, &refused).await;
             let (lock, granted) = (name.to_string(), fences.len());
-            return Err(if held > 0 {
-                LockError::Contended {
-                    lock,
-                    granted,
-                    quorum,
-                    nodes,
-                    failures,
-                    progress: done,
-                }
-            } else {
-                LockError::NoQuorum {
-                    lock,
-                    granted,
-                    quorum,
-                    nodes,
-                    failures,
-                }
-            });
+            let strongest_other = other_values.values().copied().max().unwrap_or(0);
+            return Err(
+                if held > 0 && !may_hold_quorum(strongest_other, nodes - answered, quorum) {
+                    LockError::SplitVote {
+                        lock,
+                        granted,
+                        strongest_other,
+                        quorum,
+                        nodes,
+                        progress: done,
+                    }
+                } else if held > 0 {
+                    LockError::Contended {
+                        lock,
+                        granted,
+                        quorum,
+                        nodes,
+                        failures,
+                        progress: done,
+                    }
+                } else {
+                    LockError::NoQuorum {
+                        lock,
+                        granted,
+                        quorum,
+                        nodes,
+                        failures,
+                    }
+                },
+            );
         }
 
         if let Some(step) = step.filter(|step| done >= *step) {

@@ -147,6 +147,19 @@ pub enum LockError {
         progress: u64,
     },
 
+    /// Contenders split the nodes so that no value reached a quorum: nobody holds the lock.
+    /// Everyone gave their part back; the next attempt, after a short random delay, can win.
+    #[error("lock {lock:?}: split vote, nobody holds it ({granted} of {nodes} nodes granted this attempt, at most {strongest_other} hold any other value, {quorum} needed); try again after a short random delay")]
+    SplitVote {
+        lock: String,
+        granted: usize,
+        strongest_other: usize,
+        quorum: usize,
+        nodes: usize,
+        /// As in `Contended`.
+        progress: u64,
+    },
+
     #[error("no quorum for lock {lock:?}: {granted} of {nodes} nodes answered yes, {quorum} needed; check these nodes: {}", Failures(failures))]
     NoQuorum {
         lock: String,
@@ -185,7 +198,7 @@ impl LockError {
     /// True when the lock was simply held by another holder (as opposed to node trouble).
     pub fn is_contended(&self) -> bool {
         match self {
-            Self::Contended { .. } => true,
+            Self::Contended { .. } | Self::SplitVote { .. } => true,
             Self::WaitExpired { last, .. } => last.is_contended(),
             _ => false,
         }

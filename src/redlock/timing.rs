@@ -24,6 +24,13 @@ pub fn validity(ttl: Duration, elapsed: Duration, drift_factor: f64) -> Option<D
         .filter(|left| !left.is_zero())
 }
 
+/// Whether a refused attempt may have met a holder: some other value sits on `strongest_other`
+/// of the nodes that answered, and the `unanswered` nodes could hold it too. If not even then
+/// it reaches `quorum`, the contenders split the vote and nobody holds the lock.
+pub fn may_hold_quorum(strongest_other: usize, unanswered: usize, quorum: usize) -> bool {
+    strongest_other + unanswered >= quorum
+}
+
 /// "Full jitter" backoff: a uniform pick in `[0, min(max, base * 2^attempt)]`, so that clients
 /// that failed together do not retry together. `unit` is a uniform sample in `[0, 1)`.
 pub fn backoff(attempt: u32, base: Duration, max: Duration, unit: f64) -> Duration {
@@ -53,6 +60,27 @@ mod tests {
         ] {
             assert_eq!(quorum(nodes), expected, "nodes={nodes}");
             assert!(2 * quorum(nodes) > nodes, "two quorums must intersect");
+        }
+    }
+
+    #[test]
+    fn a_holder_is_told_from_a_split_vote() {
+        // (strongest other value, unanswered nodes, quorum, someone may hold the lock)
+        let table = [
+            (3, 0, 3, true),  // 5 nodes: another holder has 3
+            (2, 0, 3, false), // 2 / 2 / 1 split
+            (1, 0, 3, false), // 2 granted, three different others
+            (2, 1, 3, true),  // the silent node may be the holder's third
+            (0, 3, 3, true),  // too few answers to tell
+            (1, 0, 2, false), // 3 nodes: 1 / 1 / 1
+            (2, 0, 2, true),
+        ];
+        for (other, unanswered, quorum, expected) in table {
+            assert_eq!(
+                may_hold_quorum(other, unanswered, quorum),
+                expected,
+                "other={other} unanswered={unanswered} quorum={quorum}"
+            );
         }
     }
 

@@ -123,6 +123,14 @@ fn retry_delay(timing: &LeaseTiming) -> Duration {
     (timing.renew_interval / 4).clamp(Duration::from_millis(10), Duration::from_millis(250))
 }
 
+/// When the first renewal is due: one renew interval into the lease's life as its deadline
+/// tells it, not into the watchdog's. What ran between acquiring and spawning (creating a Job
+/// through a slow API server) must not push the first renewal past the give-up point.
+fn first_renewal(lease: &Lease, timing: &LeaseTiming, now: Instant) -> Instant {
+    let life_began = lease.deadline.checked_sub(lease.ttl).unwrap_or(now);
+    (life_began + timing.renew_interval).min(now + timing.renew_interval)
+}
+
 async fn run(
     engine: Redlock,
     mut lease: Lease,
@@ -131,7 +139,7 @@ async fn run(
     stop: CancellationToken,
     status: watch::Sender<LeaseStatus>,
 ) -> WatchdogEnd {
-    let mut next_renewal = Instant::now() + timing.renew_interval;
+    let mut next_renewal = first_renewal(&lease, &timing, Instant::now());
     loop {
         let give_up_at = lease
             .deadline
@@ -179,4 +187,37 @@ fn declare_lost(lease: Lease, lost: &CancellationToken) -> WatchdogEnd {
     tracing::error!(lock = %lease.name, token = lease.token, "lease lost: no quorum renewed it before the safety margin; stopping the work");
     lost.cancel();
     WatchdogEnd::Lost(lease)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn first_renewal_counts_from_the_lease_not_from_the_spawn() {
+        let ms = Duration::from_millis;
+        let timing = LeaseTiming::from_ttl(ms(6_000)); // renew every 2 s
+        let now = Instant::now() + ms(60_000);
+        // (time since the lease's life began when the watchdog starts, first renewal from now)
+        let table = [
+            (ms(0), ms(2_000)),
+            (ms(500), ms(1_500)),
+            (ms(1_999), ms(1)),
+            // Spawned late (a slow Job create): renew at once, not 2 s later.
+            (ms(2_000), ms(0)),
+            (ms(3_500), ms(0)),
+        ];
+        for (age, due_in) in table {
+            let lease = Lease {
+                name: "n".into(),
+                value: "v".into(),
+                token: 1,
+                ttl: timing.ttl,
+                acquired_at: now - age,
+                deadline: now - age + timing.ttl,
+            };
+            let due = first_renewal(&lease, &timing, now);
+            assert_eq!(due.saturating_duration_since(now), due_in, "age {age:?}");
+        }
+    }
 }

@@ -1,16 +1,274 @@
-//! Shared by the end-to-end suites: operator replica processes, a lab of Redis nodes + one
-//! stand-in cluster + replicas, LockedJobs that journal their runs, and the journal checker.
+//! Shared by the end-to-end suites: where they run (a stand-in, or the real cluster of
+//! `LOCKEDJOB_E2E_KUBECONFIG`), operator replica processes, a lab of Redis nodes + one cluster
+//! + replicas, LockedJobs that journal their runs, the journal reader and its checker.
+//!
+//! The journal is the Jobs' own output: each run prints one line when it ends, and the suites
+//! read it through the pods' logs API, so the same scenario can run where the Jobs' pods are
+//! not on this machine.
 #![allow(dead_code)]
 
-use super::standin::ApiServer;
+use super::standin::{self, ApiServer};
 use super::support::{self, Persistence, RedisNodes};
-use kube::api::Api;
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use kube::api::{Api, DeleteParams, ListParams, LogParams, Patch, PatchParams, PostParams};
+use kube::ResourceExt;
 use lockedjob::api::LockedJob;
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use serde_json::json;
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
+use std::time::Duration;
+
+/// Names the real cluster to run the scenarios against too (opt-in).
+pub const KUBECONFIG_ENV: &str = "LOCKEDJOB_E2E_KUBECONFIG";
+/// How much slower than the stand-in a real cluster's scenarios run (pods take seconds to
+/// start there): schedules, run lengths, TTLs and waits are multiplied by it. Default 3.
+pub const PACE_ENV: &str = "LOCKEDJOB_E2E_PACE";
+/// Label on the journaling pods, for the journal reader.
+const JOURNAL_LABEL: &str = "lockedjob-e2e/journal";
+/// First word of a journal line, so other output of a pod is never taken for one.
+const JOURNAL_TAG: &str = "lockedjob-journal";
+
+/// Where a scenario runs: an in-process stand-in, or a fresh namespace of a real cluster.
+pub struct Cluster {
+    pub name: &'static str,
+    pub client: kube::Client,
+    pub namespace: String,
+    /// The stand-in, for its fault switches; `None` on a real cluster.
+    pub standin: Option<ApiServer>,
+    /// The real cluster's kubeconfig (the stand-in writes one per replica instead).
+    kubeconfig: Option<PathBuf>,
+    pace: u32,
+}
+
+impl Cluster {
+    pub async fn standin() -> Self {
+        let server = ApiServer::start();
+        Self {
+            name: "stand-in",
+            client: server.client().await,
+            namespace: "default".into(),
+            standin: Some(server),
+            kubeconfig: None,
+            pace: 1,
+        }
+    }
+
+    /// A fresh namespace on the cluster of `kubeconfig`, with the LockedJob CRD installed.
+    pub async fn real(kubeconfig: &Path) -> Self {
+        let client = standin::client_for(kubeconfig).await;
+        ensure_crd(&client).await;
+        let namespace = format!("lockedjob-e2e-{:08x}", rand::random::<u32>());
+        Api::<Namespace>::all(client.clone())
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({"metadata": {
+                    "name": namespace, "labels": {"lockedjob-e2e": "true"}}}))
+                .expect("namespace"),
+            )
+            .await
+            .expect("create the test namespace on the real cluster");
+        let pace = std::env::var(PACE_ENV)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .filter(|p| *p >= 1)
+            .unwrap_or(3);
+        println!("real cluster: namespace {namespace}, pace x{pace}");
+        Self {
+            name: "real cluster",
+            client,
+            namespace,
+            standin: None,
+            kubeconfig: Some(kubeconfig.to_path_buf()),
+            pace,
+        }
+    }
+
+    pub fn is_real(&self) -> bool {
+        self.standin.is_none()
+    }
+
+    pub fn api<K>(&self) -> Api<K>
+    where
+        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>,
+        <K as kube::Resource>::DynamicType: Default,
+    {
+        Api::namespaced(self.client.clone(), &self.namespace)
+    }
+
+    /// The stand-in, or a visible skip of a scenario that needs its fault switches.
+    pub fn standin_or_skip(&self, scenario: &str) -> Option<&ApiServer> {
+        if self.standin.is_none() {
+            println!(
+                "skipped on the {}: {scenario} needs the stand-in's fault switches",
+                self.name
+            );
+        }
+        self.standin.as_ref()
+    }
+
+    /// The kubeconfig of one replica: on the stand-in each replica has its own token, so a
+    /// test can cut one off its API server.
+    fn kubeconfig_for(&self, replica: &str) -> PathBuf {
+        match (&self.standin, &self.kubeconfig) {
+            (Some(server), _) => server.write_kubeconfig(replica),
+            (None, Some(path)) => path.clone(),
+            (None, None) => unreachable!("a real cluster has a kubeconfig"),
+        }
+    }
+
+    /// Real clusters: replicas watch only the test's namespace.
+    fn scope_args(&self) -> Vec<String> {
+        if self.is_real() {
+            vec!["--namespaces".into(), self.namespace.clone()]
+        } else {
+            Vec::new()
+        }
+    }
+
+    /// `seconds` at this cluster's pace.
+    pub fn secs(&self, seconds: f64) -> Duration {
+        Duration::from_secs_f64(seconds * f64::from(self.pace))
+    }
+
+    /// A schedule every `seconds` at this cluster's pace (a minute or more: whole minutes,
+    /// rounded up, as the seconds field cannot step past 59).
+    pub fn every(&self, seconds: u32) -> String {
+        match seconds * self.pace {
+            s if s < 60 => format!("*/{s} * * * * *"),
+            s => format!("0 */{} * * * *", s.div_ceil(60)),
+        }
+    }
+
+    /// The lock name a LockedJob gets by default here.
+    pub fn default_lock(&self, locked_job: &str) -> String {
+        format!("{}/{locked_job}", self.namespace)
+    }
+
+    /// A LockedJob whose every run prints its journal line when it ends; `sleep` (the run
+    /// length) and the 6-second TTL are at this cluster's pace.
+    pub fn journaled(
+        &self,
+        name: &str,
+        schedule: &str,
+        cluster_id: &str,
+        lock: Option<&str>,
+        sleep: f64,
+    ) -> LockedJob {
+        let sleep = sleep * f64::from(self.pace);
+        let script = format!(
+            "start=$(date +%s.%N); sleep {sleep}; end=$(date +%s.%N); echo \"{JOURNAL_TAG} $LOCKEDJOB_LOCK_NAME $LOCKEDJOB_SCHEDULED_TIME $LOCKEDJOB_FENCING_TOKEN {cluster_id} $start $end\""
+        );
+        let mut lock_spec = json!({"ttlSeconds": 6 * self.pace});
+        if let Some(lock) = lock {
+            lock_spec["name"] = json!(lock);
+        }
+        serde_json::from_value(json!({
+            "apiVersion": "lockedjob.dev/v1alpha1", "kind": "LockedJob",
+            "metadata": {"name": name},
+            // The journal is read from the pods: keep them for the whole scenario.
+            "spec": {"schedule": schedule, "lock": lock_spec,
+                "successfulJobsHistoryLimit": 100, "failedJobsHistoryLimit": 100,
+                "jobTemplate": {"spec": {"backoffLimit": 0, "template": {
+                    "metadata": {"labels": {JOURNAL_LABEL: "true"}},
+                    "spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 1,
+                        "containers": [{"name": "main", "image": "busybox:1.36", "command": ["sh", "-c", script]}]}}}}}
+        }))
+        .expect("locked job")
+    }
+}
+
+impl Drop for Cluster {
+    /// A real cluster's test namespace is deleted, with the finalizers of LockedJobs whose
+    /// replicas are gone removed (in a thread of its own: `Drop` cannot await).
+    fn drop(&mut self) {
+        let Some(kubeconfig) = self.kubeconfig.clone() else {
+            return;
+        };
+        let namespace = self.namespace.clone();
+        let cleanup = std::thread::spawn(move || {
+            let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            else {
+                return;
+            };
+            runtime.block_on(async {
+                let client = standin::client_for(&kubeconfig).await;
+                let _ = Api::<Namespace>::all(client.clone())
+                    .delete(&namespace, &DeleteParams::background())
+                    .await;
+                // Deleting the namespace marks its LockedJobs deleted: no finalizer can be
+                // added after that, so removing them now lets the namespace go.
+                let locked_jobs: Api<LockedJob> = Api::namespaced(client, &namespace);
+                if let Ok(list) = locked_jobs.list(&ListParams::default()).await {
+                    for lj in list.items {
+                        let _ = locked_jobs
+                            .patch(
+                                &lj.name_any(),
+                                &PatchParams::default(),
+                                &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+                            )
+                            .await;
+                    }
+                }
+            });
+        });
+        let _ = cleanup.join();
+    }
+}
+
+/// Installs (server-side applies) the LockedJob CRD and waits until it is served.
+async fn ensure_crd(client: &kube::Client) {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    use kube::CustomResourceExt;
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let name = "lockedjobs.lockedjob.dev";
+    crds.patch(
+        name,
+        &PatchParams::apply("lockedjob-e2e").force(),
+        &Patch::Apply(LockedJob::crd()),
+    )
+    .await
+    .expect("install the LockedJob CRD on the real cluster (needs cluster-admin)");
+    let established = kube::runtime::wait::await_condition(
+        crds,
+        name,
+        kube::runtime::wait::conditions::is_crd_established(),
+    );
+    tokio::time::timeout(Duration::from_secs(60), established)
+        .await
+        .expect("the LockedJob CRD is established within 60 s")
+        .expect("watch the CRD");
+}
+
+/// The stand-in, and the real cluster when `LOCKEDJOB_E2E_KUBECONFIG` names one.
+pub async fn clusters() -> Vec<Cluster> {
+    let mut list = vec![Cluster::standin().await];
+    match std::env::var_os(KUBECONFIG_ENV) {
+        Some(path) => list.push(Cluster::real(Path::new(&path)).await),
+        None => println!("{KUBECONFIG_ENV} not set: this scenario runs against the stand-in only"),
+    }
+    list
+}
+
+/// Two clusters sharing one set of Redis nodes: two stand-ins; on a real cluster, two
+/// namespaces of it whose replicas use different cluster ids.
+pub async fn cluster_pairs() -> Vec<(Cluster, Cluster)> {
+    let mut list = vec![(Cluster::standin().await, Cluster::standin().await)];
+    match std::env::var_os(KUBECONFIG_ENV) {
+        Some(path) => list.push((
+            Cluster::real(Path::new(&path)).await,
+            Cluster::real(Path::new(&path)).await,
+        )),
+        None => println!("{KUBECONFIG_ENV} not set: this scenario runs against the stand-in only"),
+    }
+    list
+}
 
 /// One operator replica process.
 pub struct Replica {
@@ -21,26 +279,27 @@ pub struct Replica {
 
 impl Replica {
     pub fn start(
-        server: &ApiServer,
+        cluster: &Cluster,
         urls: &[String],
-        cluster: &str,
+        cluster_id: &str,
         name: &str,
         dir: &Path,
     ) -> Self {
-        let kubeconfig = server.write_kubeconfig(name);
-        let log = dir.join(format!("{cluster}-{name}.log"));
+        let log = dir.join(format!("{cluster_id}-{name}.log"));
         let child = Command::new(support::lockedjob_bin())
             .arg("operator")
             .args(["--redis", &urls.join(",")])
-            .args(["--cluster-id", cluster, "--runner-name", name])
+            .args(["--cluster-id", cluster_id, "--runner-name", name])
             .args(["--request-timeout", "300ms"])
             .args([
                 "--metrics-addr",
                 &format!("127.0.0.1:{}", support::free_port()),
             ])
-            .env("KUBECONFIG", &kubeconfig)
+            .args(cluster.scope_args())
+            .env("KUBECONFIG", cluster.kubeconfig_for(name))
             .env("RUST_LOG", "info,kube=warn")
             .env_remove("LOCKEDJOB_REDIS_URLS")
+            .env_remove("LOCKEDJOB_NAMESPACES")
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).expect("log file"))
             .spawn()
@@ -69,31 +328,30 @@ impl Drop for Replica {
     }
 }
 
-/// Redis nodes, one stand-in cluster, its operator replicas and the shared journal.
+/// Redis nodes, one cluster, its operator replicas and the journal of its runs.
 pub struct Lab {
     pub nodes: RedisNodes,
-    pub server: ApiServer,
     pub dir: tempfile::TempDir,
-    pub journal: PathBuf,
+    pub journal: Journal,
     pub replicas: Vec<Replica>,
+    /// Last: dropped after the replicas, so a real cluster's namespace goes once they stopped.
+    pub cluster: Cluster,
 }
 
 impl Lab {
-    pub fn start(redis_nodes: usize, replicas: usize) -> Self {
+    pub fn start(cluster: Cluster, redis_nodes: usize, replicas: usize) -> Self {
         let nodes = RedisNodes::start(redis_nodes, Persistence::AppendFsyncAlways)
             .expect("start redis-server");
-        let server = ApiServer::start();
         let dir = tempfile::tempdir().expect("dir");
-        let journal = dir.path().join("journal");
         let replicas = (0..replicas)
-            .map(|i| Replica::start(&server, &nodes.urls(), "c1", &format!("r{i}"), dir.path()))
+            .map(|i| Replica::start(&cluster, &nodes.urls(), "c1", &format!("r{i}"), dir.path()))
             .collect();
         Self {
             nodes,
-            server,
             dir,
-            journal,
+            journal: Journal::new(vec![cluster.api()]),
             replicas,
+            cluster,
         }
     }
 }
@@ -103,33 +361,6 @@ pub fn logs_of(replicas: &[Replica]) -> String {
         .iter()
         .map(|r| format!("--- {}\n{}", r.name, r.log()))
         .collect()
-}
-
-/// A LockedJob whose every run records itself in `journal`.
-pub fn journaled(
-    name: &str,
-    schedule: &str,
-    cluster: &str,
-    journal: &Path,
-    lock: Option<&str>,
-    sleep: &str,
-) -> LockedJob {
-    let script = format!(
-        "start=$(date +%s.%N); sleep {sleep}; end=$(date +%s.%N); echo \"$LOCKEDJOB_LOCK_NAME $LOCKEDJOB_SCHEDULED_TIME $LOCKEDJOB_FENCING_TOKEN {cluster} $start $end\" >> {}",
-        journal.display()
-    );
-    let mut lock_spec = json!({"ttlSeconds": 6});
-    if let Some(lock) = lock {
-        lock_spec["name"] = json!(lock);
-    }
-    serde_json::from_value(json!({
-        "apiVersion": "lockedjob.dev/v1alpha1", "kind": "LockedJob",
-        "metadata": {"name": name, "namespace": "default"},
-        "spec": {"schedule": schedule, "lock": lock_spec, "jobTemplate": {"spec": {"backoffLimit": 0, "template": {"spec": {
-            "restartPolicy": "Never", "terminationGracePeriodSeconds": 1,
-            "containers": [{"name": "main", "image": "busybox", "command": ["sh", "-c", script]}]}}}}}
-    }))
-    .expect("locked job")
 }
 
 #[derive(Debug, Clone)]
@@ -142,22 +373,97 @@ pub struct Run {
     pub end: f64,
 }
 
-pub fn read_journal(path: &Path) -> Vec<Run> {
-    std::fs::read_to_string(path)
-        .unwrap_or_default()
+/// The journal lines in a pod's output.
+pub fn parse_journal(output: &str) -> Vec<Run> {
+    output
         .lines()
         .filter_map(|line| {
             let f: Vec<&str> = line.split_whitespace().collect();
-            (f.len() == 6).then(|| Run {
-                lock: f[0].into(),
-                scheduled: f[1].into(),
-                token: f[2].parse().unwrap_or(0),
-                cluster: f[3].into(),
-                start: f[4].parse().unwrap_or(0.0),
-                end: f[5].parse().unwrap_or(0.0),
+            (f.len() == 7 && f[0] == JOURNAL_TAG).then(|| Run {
+                lock: f[1].into(),
+                scheduled: f[2].into(),
+                token: f[3].parse().unwrap_or(0),
+                cluster: f[4].into(),
+                start: f[5].parse().unwrap_or(0.0),
+                end: f[6].parse().unwrap_or(0.0),
             })
         })
         .collect()
+}
+
+/// The runs journaled by the pods of one or more clusters, read through the logs API. The
+/// journaling LockedJobs keep 100 finished Jobs, more than any scenario runs, so every pod of
+/// a finished run is still there to read at the end (a run stopped early journals nothing).
+pub struct Journal {
+    sources: Vec<Api<Pod>>,
+    /// Pod uid -> the runs it journaled; a finished pod is read once.
+    read: Mutex<BTreeMap<String, Vec<Run>>>,
+}
+
+impl Journal {
+    pub fn new(sources: Vec<Api<Pod>>) -> Self {
+        Self {
+            sources,
+            read: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    /// Reads the pods that finished since the last call.
+    async fn collect(&self) {
+        let already = |uid: &str| self.read.lock().is_ok_and(|r| r.contains_key(uid));
+        for pods in &self.sources {
+            let Ok(list) = pods
+                .list(&ListParams::default().labels(&format!("{JOURNAL_LABEL}=true")))
+                .await
+            else {
+                continue;
+            };
+            let finished: Vec<(String, String)> = list
+                .items
+                .iter()
+                .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Succeeded"))
+                .filter_map(|p| Some((p.uid()?, p.name_any())))
+                .filter(|(uid, _)| !already(uid))
+                .collect();
+            let outputs: Vec<(String, Option<String>)> = futures::stream::iter(finished)
+                .map(|(uid, name)| async move {
+                    (uid, pods.logs(&name, &LogParams::default()).await.ok())
+                })
+                .buffer_unordered(8)
+                .collect()
+                .await;
+            if let Ok(mut read) = self.read.lock() {
+                for (uid, output) in outputs {
+                    if let Some(output) = output {
+                        read.insert(uid, parse_journal(&output));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Every run journaled so far, after one more read.
+    pub async fn runs(&self) -> Vec<Run> {
+        self.collect().await;
+        self.read
+            .lock()
+            .map(|r| r.values().flatten().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// Polls (every 250 ms, up to `limit`) until the runs satisfy `done`.
+    pub async fn wait_for(&self, limit: Duration, done: impl Fn(&[Run]) -> bool) -> bool {
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            if done(&self.runs().await) {
+                return true;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
 }
 
 /// The checker: per lock, one run per scheduled time, no overlap, tokens growing in start order.
@@ -207,4 +513,85 @@ pub async fn condition(api: &Api<LockedJob>, name: &str, kind: &str) -> Option<(
         .into_iter()
         .find(|c| c.type_ == kind)
         .map(|c| (c.status, c.message))
+}
+
+/// Waits for the first run's holder of `name` (`status.lastRun.holder`).
+pub async fn wait_for_holder(api: &Api<LockedJob>, name: &str, limit: Duration) -> String {
+    let holder = || async {
+        api.get(name)
+            .await
+            .ok()
+            .and_then(|l| l.status)
+            .and_then(|s| s.last_run)
+            .map(|r| r.holder)
+    };
+    assert!(
+        standin::eventually(limit, || async { holder().await.is_some() }).await,
+        "no run started"
+    );
+    holder().await.expect("holder")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(scheduled: &str, token: u64, start: f64, end: f64) -> Run {
+        Run {
+            lock: "ns/a".into(),
+            scheduled: scheduled.into(),
+            token,
+            cluster: "c1".into(),
+            start,
+            end,
+        }
+    }
+
+    #[test]
+    fn checker_finds_each_kind_of_violation() {
+        let cases: &[(&str, Vec<Run>, Option<&str>)] = &[
+            (
+                "clean",
+                vec![run("t1", 1, 0.0, 1.0), run("t2", 2, 2.0, 3.0)],
+                None,
+            ),
+            (
+                "a time twice",
+                vec![run("t1", 1, 0.0, 1.0), run("t1", 2, 2.0, 3.0)],
+                Some("ran twice"),
+            ),
+            (
+                "overlap",
+                vec![run("t1", 1, 0.0, 2.5), run("t2", 2, 2.0, 3.0)],
+                Some("overlap"),
+            ),
+            (
+                "tokens going down",
+                vec![run("t1", 5, 0.0, 1.0), run("t2", 4, 2.0, 3.0)],
+                Some("tokens not increasing"),
+            ),
+        ];
+        for (case, runs, expected) in cases {
+            match (check(runs), expected) {
+                (Ok(()), None) => {}
+                (Err(e), Some(part)) if e.contains(part) => {}
+                (got, _) => panic!("{case}: {got:?}, expected {expected:?}"),
+            }
+        }
+        // Another lock's runs are judged apart.
+        let mut other = run("t1", 1, 0.5, 1.5);
+        other.lock = "ns/b".into();
+        assert!(check(&[run("t1", 1, 0.0, 1.0), other]).is_ok());
+    }
+
+    #[test]
+    fn journal_lines_are_told_from_other_output() {
+        let output = format!(
+            "starting\n{JOURNAL_TAG} ns/a 2026-01-01T00:00:00Z 7 c1 1.5 2.5\n{JOURNAL_TAG} broken\n"
+        );
+        let runs = parse_journal(&output);
+        assert_eq!(runs.len(), 1);
+        assert_eq!((runs[0].lock.as_str(), runs[0].token), ("ns/a", 7));
+        assert_eq!((runs[0].start, runs[0].end), (1.5, 2.5));
+    }
 }

@@ -39,6 +39,8 @@ pub struct State {
     /// Bumped to end every open watch stream.
     pub drop_watches: watch::Sender<u64>,
     pub requests: std::sync::atomic::AtomicU64,
+    /// Where the kubelet writes pods' output, served by `pods/{name}/log`.
+    pub logs: std::path::PathBuf,
 }
 
 fn respond(code: u16, body: &Value) -> Response<Body> {
@@ -115,6 +117,9 @@ pub async fn handle(
         (Method::GET, ["apis", group, version]) => {
             list_or_404(resources::resource_list(group, version))
         }
+        (Method::GET, ["api", "v1", "namespaces", namespace, "pods", pod, "log"]) => {
+            pod_log(&state, namespace, pod)
+        }
         (_, ["api", version, rest @ ..]) => {
             resource_request(
                 &state,
@@ -150,6 +155,43 @@ pub async fn handle(
         )),
     };
     Ok(response)
+}
+
+/// `pods/{name}/log`: the container's output as plain text, stdout then stderr (a real
+/// kubelet interleaves them). No `follow`, `tailLines` or `container`: the journal reader of the
+/// end-to-end suites needs none.
+fn pod_log(state: &State, namespace: &str, pod: &str) -> Response<Body> {
+    let key = (
+        resources::index_of("", "pods"),
+        namespace.to_string(),
+        pod.to_string(),
+    );
+    if let Err(e) = state.store.get(&key) {
+        return error(e);
+    }
+    let read = |stream| {
+        std::fs::read(super::kubelet::log_path(
+            &state.logs,
+            namespace,
+            pod,
+            stream,
+        ))
+    };
+    match (read("stdout"), read("stderr")) {
+        (Ok(mut out), Ok(err)) => {
+            out.extend(err);
+            Response::builder()
+                .status(StatusCode::OK)
+                .header("content-type", "text/plain")
+                .body(Full::new(Bytes::from(out)).boxed())
+                .unwrap_or_else(|_| Response::new(Full::new(Bytes::new()).boxed()))
+        }
+        _ => error(ApiError::new(
+            400,
+            "BadRequest",
+            format!("container of pod {pod:?} is waiting to start"),
+        )),
+    }
 }
 
 fn list_or_404(list: Option<Value>) -> Response<Body> {

@@ -4,6 +4,8 @@
 //! succeeded/failed, completionTime, Complete/Failed conditions, backoffLimit,
 //! activeDeadlineSeconds. Deleting a Pod (or its Job) sends SIGTERM, then SIGKILL after the
 //! grace period. Output goes to `{logs}/{namespace}_{pod}.stdout` / `.stderr`.
+//! It also marks CustomResourceDefinitions `Established`, as kube-apiserver's own controller
+//! does (the served types themselves are fixed, see `resources.rs`).
 
 use super::http::State;
 use super::resources::index_of;
@@ -12,7 +14,7 @@ use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 use serde_json::{json, Value};
 use std::collections::{HashMap, HashSet};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::broadcast::error::RecvError;
@@ -33,6 +35,12 @@ pub struct Kubelet {
     processes: Arc<Mutex<Processes>>,
     jobs: usize,
     pods: usize,
+    crds: usize,
+}
+
+/// Where the kubelet writes a pod's `stdout` or `stderr`.
+pub fn log_path(logs: &Path, namespace: &str, pod: &str, stream: &str) -> PathBuf {
+    logs.join(format!("{namespace}_{pod}.{stream}"))
 }
 
 fn has_condition(job: &Value, kind: &str) -> bool {
@@ -77,6 +85,7 @@ impl Kubelet {
             processes: Arc::new(Mutex::new(Processes::default())),
             jobs: index_of("batch", "jobs"),
             pods: index_of("", "pods"),
+            crds: index_of("apiextensions.k8s.io", "customresourcedefinitions"),
         }
     }
 
@@ -97,6 +106,7 @@ impl Kubelet {
                             self.reconcile_job(&job);
                         }
                     }
+                    Ok(event) if event.resource == self.crds => self.establish(&key_of(self.crds, &event.object)),
                     Ok(_) => {}
                     Err(RecvError::Lagged(_)) => self.resync(),
                     Err(RecvError::Closed) => return,
@@ -230,6 +240,27 @@ impl Kubelet {
             }
             let _ = self.state.store.update(key, next, Sub::Status);
         }
+    }
+
+    /// `NamesAccepted` and `Established`, which clients wait for before using a new type.
+    fn establish(&self, key: &Key) {
+        let Ok(crd) = self.state.store.get(key) else {
+            return;
+        };
+        if has_condition(&crd, "Established") {
+            return;
+        }
+        let now = now_rfc3339();
+        let mut next = crd.clone();
+        next["status"]["conditions"] = json!([
+            {"type": "NamesAccepted", "status": "True", "reason": "NoConflicts", "message": "no conflicts found", "lastTransitionTime": now},
+            {"type": "Established", "status": "True", "reason": "InitialNamesAccepted", "message": "the initial names have been accepted", "lastTransitionTime": now},
+        ]);
+        next["status"]["acceptedNames"] = crd["spec"]["names"].clone();
+        if let Some(m) = next["metadata"].as_object_mut() {
+            m.remove("resourceVersion");
+        }
+        let _ = self.state.store.update(key, next, Sub::Status);
     }
 
     fn create_pod(&self, job: &Value) {
@@ -370,7 +401,7 @@ impl Kubelet {
             .chain(container["args"].as_array().into_iter().flatten())
             .filter_map(|v| v.as_str().map(String::from))
             .collect();
-        let log = |suffix: &str| self.logs.join(format!("{}_{}.{suffix}", key.1, key.2));
+        let log = |suffix: &str| log_path(&self.logs, &key.1, &key.2, suffix);
         let spawned = match argv.split_first() {
             None => Err(std::io::Error::other(
                 "the stand-in kubelet runs containers[0].command/args; none given",

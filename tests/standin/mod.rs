@@ -62,6 +62,7 @@ impl ApiServer {
             faults: std::sync::Mutex::new(Faults::default()),
             drop_watches,
             requests: std::sync::atomic::AtomicU64::new(0),
+            logs: dir.path().join("logs"),
         });
         let (shutdown, shutdown_rx) = tokio::sync::oneshot::channel::<()>();
         let (addr_tx, addr_rx) = std::sync::mpsc::channel();
@@ -164,14 +165,9 @@ impl ApiServer {
 
     /// What a pod's process wrote to stdout and stderr.
     pub fn pod_logs(&self, namespace: &str, pod: &str) -> (String, String) {
-        let read = |suffix: &str| {
-            std::fs::read_to_string(
-                self.dir
-                    .path()
-                    .join("logs")
-                    .join(format!("{namespace}_{pod}.{suffix}")),
-            )
-            .unwrap_or_default()
+        let read = |stream: &str| {
+            std::fs::read_to_string(kubelet::log_path(&self.state.logs, namespace, pod, stream))
+                .unwrap_or_default()
         };
         (read("stdout"), read("stderr"))
     }
