@@ -81,7 +81,15 @@ pub struct Context {
     /// Watch caches of the operator's Jobs, one per watched scope (a namespace, or `None` for
     /// all): reconciles and supervisors read Jobs here instead of asking the API server.
     pub job_caches: Vec<(Option<String>, Store<Job>)>,
+    /// Bounds this replica's lock attempts in flight (renewals are not bounded here).
+    pub lock_attempts: tokio::sync::Semaphore,
 }
+
+/// Lock attempts one replica has in flight at most. When a thousand LockedJobs fall due in the
+/// same second, firing every attempt at once overruns the nodes' request timeout; attempts
+/// that time out still cost the nodes their work plus a release, and their retries feed the
+/// overload. Queued here, they wait a moment and then succeed or lose cleanly.
+pub const MAX_LOCK_ATTEMPTS_IN_FLIGHT: usize = 32;
 
 impl Context {
     pub fn nodes(&self) -> usize {
@@ -168,6 +176,13 @@ pub async fn run(args: OperatorArgs) -> i32 {
             watcher::Config::default().labels(jobs::LABEL_LOCKED_JOB),
         )
         .default_backoff()
+        // Reconciles and supervisors read a cached Job's metadata and status only: without
+        // its pod template and managedFields a replica holds thousands of Jobs in a fraction
+        // of the memory.
+        .modify(|job| {
+            job.spec = None;
+            job.metadata.managed_fields = None;
+        })
         .reflect(writer);
         job_watches.push(tokio::spawn(watch.for_each(|_| async {})));
         job_caches.push((scope.clone(), cache));
@@ -186,6 +201,7 @@ pub async fn run(args: OperatorArgs) -> i32 {
         shutdown: CancellationToken::new(),
         synced: AtomicBool::new(false),
         job_caches,
+        lock_attempts: tokio::sync::Semaphore::new(MAX_LOCK_ATTEMPTS_IN_FLIGHT),
     });
     tracing::info!(holder = %ctx.holder, nodes = ?ctx.engine.node_labels(), namespaces = ?args.namespaces, "lockedjob operator starting");
 

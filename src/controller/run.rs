@@ -278,14 +278,20 @@ async fn start_inner(
     // in phase 1 and records this time in phase 2, so a runner (another replica or cluster)
     // that wins the lock after this time already started does not run it again.
     let scheduled_ms = scheduled.as_millisecond().max(0) as u64;
-    let acquired = if manual {
-        ctx.engine
-            .try_acquire(&valid.lock_name, valid.timing.ttl)
-            .await
-    } else {
-        ctx.engine
-            .try_acquire_step(&valid.lock_name, valid.timing.ttl, scheduled_ms)
-            .await
+    let acquired = {
+        // Held for the attempt only, not for the run.
+        let Ok(_permit) = ctx.lock_attempts.acquire().await else {
+            return Err(NotStarted::Failed);
+        };
+        if manual {
+            ctx.engine
+                .try_acquire(&valid.lock_name, valid.timing.ttl)
+                .await
+        } else {
+            ctx.engine
+                .try_acquire_step(&valid.lock_name, valid.timing.ttl, scheduled_ms)
+                .await
+        }
     };
     let lease = match acquired {
         Ok(lease) => lease,

@@ -245,17 +245,15 @@ impl Redlock {
             self.release_value_except(&lock_key, &value, &refused).await;
             let (lock, granted) = (name.to_string(), fences.len());
             let strongest_other = other_values.values().copied().max().unwrap_or(0);
-            return Err(
-                if held > 0 && !may_hold_quorum(strongest_other, nodes - answered, quorum) {
-                    LockError::SplitVote {
-                        lock,
-                        granted,
-                        strongest_other,
-                        quorum,
-                        nodes,
-                        progress: done,
-                    }
-                } else if held > 0 {
+            return Err(match held {
+                0 => LockError::NoQuorum {
+                    lock,
+                    granted,
+                    quorum,
+                    nodes,
+                    failures,
+                },
+                _ if may_hold_quorum(strongest_other, nodes - answered, quorum) => {
                     LockError::Contended {
                         lock,
                         granted,
@@ -264,16 +262,17 @@ impl Redlock {
                         failures,
                         progress: done,
                     }
-                } else {
-                    LockError::NoQuorum {
-                        lock,
-                        granted,
-                        quorum,
-                        nodes,
-                        failures,
-                    }
+                }
+                _ => LockError::SplitVote {
+                    lock,
+                    granted,
+                    strongest_other,
+                    quorum,
+                    nodes,
+                    failures,
+                    progress: done,
                 },
-            );
+            });
         }
 
         if let Some(step) = step.filter(|step| done >= *step) {

@@ -156,6 +156,7 @@ pub enum LockError {
         strongest_other: usize,
         quorum: usize,
         nodes: usize,
+        failures: Vec<NodeFailure>,
         /// As in `Contended`.
         progress: u64,
     },
@@ -207,7 +208,9 @@ impl LockError {
     /// Node failures behind this error, if any.
     pub fn node_failures(&self) -> &[NodeFailure] {
         match self {
-            Self::Contended { failures, .. } | Self::NoQuorum { failures, .. } => failures,
+            Self::Contended { failures, .. }
+            | Self::SplitVote { failures, .. }
+            | Self::NoQuorum { failures, .. } => failures,
             Self::WaitExpired { last, .. } => last.node_failures(),
             _ => &[],
         }
