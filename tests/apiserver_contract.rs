@@ -127,17 +127,9 @@ async fn ensure_crd(b: &Backend) {
     if b.standin.is_some() {
         return; // the stand-in serves the LockedJob CRD from the start
     }
-    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-    use kube::CustomResourceExt;
-    let crds: Api<CustomResourceDefinition> = Api::all(b.client.clone());
-    let _ = crds
-        .patch(
-            "lockedjobs.lockedjob.dev",
-            &PatchParams::apply("lockedjob-contract").force(),
-            &Patch::Apply(LockedJob::crd()),
-        )
-        .await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    standin::install_lockedjob_crd(&b.client, "lockedjob-contract")
+        .await
+        .expect("LockedJob CRD on the real cluster");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1067,27 +1059,9 @@ async fn every_served_type_can_be_created_and_listed() {
         1
     );
     // A CRD applied is established, as clients (kube's `await_condition`) wait for.
-    {
-        use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-        use kube::CustomResourceExt;
-        let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-        crds.patch(
-            "lockedjobs.lockedjob.dev",
-            &PatchParams::apply("contract").force(),
-            &Patch::Apply(LockedJob::crd()),
-        )
+    standin::install_lockedjob_crd(&client, "contract")
         .await
-        .expect("apply the CRD");
-        let established = kube::runtime::wait::await_condition(
-            crds,
-            "lockedjobs.lockedjob.dev",
-            kube::runtime::wait::conditions::is_crd_established(),
-        );
-        tokio::time::timeout(WAIT, established)
-            .await
-            .expect("CRD established")
-            .expect("watch the CRD");
-    }
+        .expect("CRD applied and established");
     let discovery = kube::Discovery::new(client).run().await.expect("discovery");
     let groups: Vec<String> = discovery.groups().map(|g| g.name().to_string()).collect();
     for group in [

@@ -61,7 +61,9 @@ impl Cluster {
     /// A fresh namespace on the cluster of `kubeconfig`, with the LockedJob CRD installed.
     pub async fn real(kubeconfig: &Path) -> Self {
         let client = standin::client_for(kubeconfig).await;
-        ensure_crd(&client).await;
+        standin::install_lockedjob_crd(&client, "lockedjob-e2e")
+            .await
+            .unwrap_or_else(|e| panic!("on the real cluster (needs cluster-admin): {e}"));
         let namespace = format!("lockedjob-e2e-{:08x}", rand::random::<u32>());
         Api::<Namespace>::all(client.clone())
             .create(
@@ -220,30 +222,6 @@ impl Drop for Cluster {
         });
         let _ = cleanup.join();
     }
-}
-
-/// Installs (server-side applies) the LockedJob CRD and waits until it is served.
-async fn ensure_crd(client: &kube::Client) {
-    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-    use kube::CustomResourceExt;
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let name = "lockedjobs.lockedjob.dev";
-    crds.patch(
-        name,
-        &PatchParams::apply("lockedjob-e2e").force(),
-        &Patch::Apply(LockedJob::crd()),
-    )
-    .await
-    .expect("install the LockedJob CRD on the real cluster (needs cluster-admin)");
-    let established = kube::runtime::wait::await_condition(
-        crds,
-        name,
-        kube::runtime::wait::conditions::is_crd_established(),
-    );
-    tokio::time::timeout(Duration::from_secs(60), established)
-        .await
-        .expect("the LockedJob CRD is established within 60 s")
-        .expect("watch the CRD");
 }
 
 /// The stand-in, and the real cluster when `LOCKEDJOB_E2E_KUBECONFIG` names one.

@@ -207,6 +207,34 @@ pub async fn client_with_retries(path: &Path, retries: bool) -> kube::Client {
     kube::Client::try_from(config).expect("kube client")
 }
 
+/// Server-side applies the LockedJob CRD as `manager` and waits (up to 60 s) until it is
+/// established, on the stand-in or on a real cluster.
+pub async fn install_lockedjob_crd(client: &kube::Client, manager: &str) -> Result<(), String> {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    use kube::api::{Api, Patch, PatchParams};
+    use kube::CustomResourceExt;
+    use lockedjob::api::LockedJob;
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let name = "lockedjobs.lockedjob.dev";
+    crds.patch(
+        name,
+        &PatchParams::apply(manager).force(),
+        &Patch::Apply(LockedJob::crd()),
+    )
+    .await
+    .map_err(|e| format!("apply the LockedJob CRD: {e}"))?;
+    let established = kube::runtime::wait::await_condition(
+        crds,
+        name,
+        kube::runtime::wait::conditions::is_crd_established(),
+    );
+    match tokio::time::timeout(Duration::from_secs(60), established).await {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(e)) => Err(format!("watch the CRD: {e}")),
+        Err(_) => Err("the LockedJob CRD was not established within 60 s".into()),
+    }
+}
+
 /// Polls until `check` holds, for up to `limit`.
 pub async fn eventually<F, Fut>(limit: Duration, mut check: F) -> bool
 where
