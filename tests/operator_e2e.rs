@@ -87,6 +87,28 @@ async fn three_replicas(lab: Lab) {
         .map(|r| r.holder);
     assert!(holder.is_some(), "lastRun recorded");
     assert!(runs.iter().all(|r| r.lock == c.default_lock("every-2s")));
+
+    // Events tell each run's story and the invalid spec.
+    let events: Vec<(String, String)> = c
+        .api::<k8s_openapi::api::events::v1::Event>()
+        .list(&Default::default())
+        .await
+        .expect("list Events")
+        .items
+        .into_iter()
+        .filter_map(|e| Some((e.regarding?.name?, e.reason?)))
+        .collect();
+    for (object, reason) in [
+        ("every-2s", "Acquired"),
+        ("every-2s", "Created"),
+        ("every-2s", "Completed"),
+        ("bad-cron", "InvalidSpec"),
+    ] {
+        assert!(
+            events.iter().any(|(o, r)| o == object && r == reason),
+            "no {reason} Event for {object}: {events:?}"
+        );
+    }
 }
 
 /// Scenario 4: two clusters, 2 replicas each, one lock name, one set of 5 Redis nodes.

@@ -2,6 +2,7 @@
 //! race for the lock and only the winner creates and supervises the Job (DESIGN.md, "A run's
 //! life in the operator").
 
+mod events;
 mod health;
 pub mod jobs;
 mod reconcile;
@@ -14,7 +15,6 @@ use crate::redlock::Redlock;
 use futures::StreamExt;
 use k8s_openapi::api::batch::v1::Job;
 use kube::runtime::controller::Controller;
-use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client};
@@ -62,7 +62,6 @@ pub struct Context {
     pub cluster_id: String,
     /// `{clusterId}/{podName}`.
     pub holder: String,
-    pub recorder: Recorder,
     /// Job names this replica supervises now (its own runs and adoptions).
     pub supervised: Mutex<HashSet<(String, String)>>,
     /// Runs being started, by (namespace, LockedJob, scheduled time), so a run starts once.
@@ -149,13 +148,6 @@ pub async fn run(args: OperatorArgs) -> i32 {
         }
     };
     let holder = args.redis.holder();
-    let recorder = Recorder::new(
-        client.clone(),
-        Reporter {
-            controller: MANAGER.into(),
-            instance: Some(holder.clone()),
-        },
-    );
     let namespaces: Vec<Option<String>> = if args.namespaces.iter().all(|n| n.trim().is_empty()) {
         vec![None]
     } else {
@@ -192,7 +184,6 @@ pub async fn run(args: OperatorArgs) -> i32 {
         engine,
         cluster_id: args.redis.cluster_id.clone(),
         holder,
-        recorder,
         supervised: Mutex::new(HashSet::new()),
         starting: Mutex::new(HashSet::new()),
         orphan_checks: Mutex::new(HashMap::new()),
@@ -295,12 +286,15 @@ where
 /// event, costing Redis rounds for nothing.
 pub struct Cooldowns<K> {
     until: Mutex<HashMap<K, (std::time::Instant, Option<u64>)>>,
+    /// Keys left after the last sweep of expired ones.
+    swept_len: AtomicUsize,
 }
 
 impl<K> Default for Cooldowns<K> {
     fn default() -> Self {
         Self {
             until: Mutex::new(HashMap::new()),
+            swept_len: AtomicUsize::new(0),
         }
     }
 }
@@ -320,15 +314,19 @@ impl<K: Eq + std::hash::Hash> Cooldowns<K> {
         }
     }
 
-    /// Whether `key` is still cooling down at `now` with the watched state at `tag`; forgets
-    /// keys whose time has passed.
+    /// Whether `key` is still cooling down at `now` with the watched state at `tag`. Keys
+    /// whose time has passed are forgotten once the map has doubled since the last sweep, so
+    /// a check costs O(1) amortized, not a scan of every key (thousands at scale).
     pub fn holds(&self, key: &K, now: std::time::Instant, tag: u64) -> bool {
         let Ok(mut map) = self.until.lock() else {
             return false;
         };
-        map.retain(|_, (until, _)| *until > now);
+        if map.len() >= 2 * self.swept_len.load(Ordering::Relaxed).max(64) {
+            map.retain(|_, (until, _)| *until > now);
+            self.swept_len.store(map.len(), Ordering::Relaxed);
+        }
         map.get(key)
-            .is_some_and(|(_, set_at)| set_at.is_none_or(|t| t == tag))
+            .is_some_and(|(until, set_at)| *until > now && set_at.is_none_or(|t| t == tag))
     }
 }
 
@@ -397,7 +395,6 @@ mod tests {
             ("b", 5, false, "b at its instant"),
             ("a", 9, true, "a still"),
             ("a", 10, false, "a at its instant"),
-            ("a", 0, false, "a was forgotten once its time passed"),
         ];
         for (key, s, holds, what) in table {
             assert_eq!(cooldowns.holds(&key, at(s), 0), holds, "{what}");
@@ -407,6 +404,29 @@ mod tests {
             cooldowns.holds(&"a", at(15), 7),
             "set again; no tag watched"
         );
+    }
+
+    #[test]
+    fn expired_keys_are_swept_once_the_map_has_doubled() {
+        let cooldowns = Cooldowns::default();
+        let t0 = Instant::now();
+        let len = |c: &Cooldowns<u32>| c.until.lock().map(|m| m.len()).unwrap_or(0);
+        for key in 0..100 {
+            cooldowns.set(key, t0 + Duration::from_secs(1));
+        }
+        let later = t0 + Duration::from_secs(2);
+        assert!(!cooldowns.holds(&0, later, 0), "expired keys never hold");
+        assert_eq!(
+            len(&cooldowns),
+            100,
+            "below the mark (2 x 64): no sweep yet"
+        );
+        for key in 100..130 {
+            cooldowns.set(key, later + Duration::from_secs(10));
+        }
+        assert!(cooldowns.holds(&120, later, 0));
+        assert_eq!(len(&cooldowns), 30, "swept: only the live keys stay");
+        assert!(!cooldowns.holds(&5, later, 0));
     }
 
     #[test]

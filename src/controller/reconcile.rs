@@ -2,8 +2,9 @@
 //! clean up history, report status. Runs happen in their own tasks; reconcile never blocks on
 //! a lock or a Job.
 
+use super::events;
 use super::jobs::{expired_history, job_state, scheduled_time, JobState, LABEL_LOCKED_JOB};
-use super::run::{self, event};
+use super::run;
 use super::status::set_condition;
 use super::{Context, Error, FINALIZER};
 use crate::api::{conditions, describe, validate, LockedJob, ANNOTATION_RUN_NOW};
@@ -139,7 +140,7 @@ async fn reconcile_inner(
                 lockedjobs
                     .patch_status(&name, &PatchParams::default(), &Patch::Merge(patch))
                     .await?;
-                event(&ctx, &lj, true, "InvalidSpec", message).await;
+                events::publish(&ctx, &lj, true, "InvalidSpec", message);
             }
             return Ok(Action::await_change());
         }
@@ -159,7 +160,7 @@ async fn reconcile_inner(
             }
             Err(message) => {
                 tracing::warn!(%message, "invalid run-now request");
-                event(&ctx, &lj, true, "InvalidRunNow", message).await;
+                events::publish(&ctx, &lj, true, "InvalidRunNow", message);
                 run::clear_run_now(&ctx, &lj, value).await;
             }
         }
@@ -216,8 +217,8 @@ async fn reconcile_inner(
             next,
         } => {
             if *missed > TOO_MANY_MISSED {
-                event(&ctx, &lj, true, "TooManyMissedTimes", format!(
-                    "more than {TOO_MANY_MISSED} missed start times; running only the latest. Set or decrease spec.startingDeadlineSeconds or check clock skew")).await;
+                events::publish(&ctx, &lj, true, "TooManyMissedTimes", format!(
+                    "more than {TOO_MANY_MISSED} missed start times; running only the latest. Set or decrease spec.startingDeadlineSeconds or check clock skew"));
             }
             let replace = if *replace_active {
                 active.iter().map(|j| j.name_any()).collect()

@@ -2,6 +2,7 @@
 //! up (deleting the Job before the lease deadline) when the lease is lost. Also adoption of
 //! Jobs whose holder vanished.
 
+use super::events;
 use super::jobs::{build_job, job_state, JobState, RunIdentity};
 use super::status::set_condition;
 use super::{Context, MANAGER};
@@ -11,8 +12,7 @@ use crate::redlock::{Lease, LeaseTiming, LockError, Watchdog};
 use jiff::Timestamp;
 use k8s_openapi::api::batch::v1::Job;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
-use kube::runtime::events::{Event, EventType};
-use kube::{Resource, ResourceExt};
+use kube::ResourceExt;
 use serde_json::json;
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
@@ -39,24 +39,6 @@ async fn bounded<T>(
             );
             None
         }
-    }
-}
-
-pub async fn event(ctx: &Context, lj: &LockedJob, warning: bool, reason: &str, note: String) {
-    let reference = lj.object_ref(&());
-    let event = Event {
-        type_: if warning {
-            EventType::Warning
-        } else {
-            EventType::Normal
-        },
-        reason: reason.into(),
-        note: Some(note),
-        action: reason.into(),
-        secondary: None,
-    };
-    if let Err(e) = ctx.recorder.publish(&event, &reference).await {
-        tracing::debug!(error = %e, "event not recorded");
     }
 }
 
@@ -327,7 +309,7 @@ async fn start_inner(
         }
     };
     tracing::Span::current().record("token", lease.token());
-    event(
+    events::publish(
         &ctx,
         &lj,
         false,
@@ -338,8 +320,7 @@ async fn start_inner(
             lease.holder(),
             lease.token()
         ),
-    )
-    .await;
+    );
     for name in &replace {
         tracing::info!(job = %name, "concurrencyPolicy Replace: stopping the active Job");
         bounded(
@@ -378,7 +359,7 @@ async fn start_inner(
                 metrics::record_schedule_lag(Duration::from_millis(lag));
             }
             tracing::info!(job = %job_name, lag_ms = lag, "Job created");
-            event(
+            events::publish(
                 &ctx,
                 &lj,
                 false,
@@ -387,8 +368,7 @@ async fn start_inner(
                     "created Job {job_name} for {scheduled} (token {})",
                     lease.token()
                 ),
-            )
-            .await;
+            );
         }
         Created::Existed => {
             tracing::info!(job = %job_name, "the Job already exists (created by an earlier holder or an attempt whose reply was lost); supervising it");
@@ -396,7 +376,7 @@ async fn start_inner(
         Created::Failed(message) => {
             tracing::error!(job = %job_name, error = %message, "Job not created; this scheduled time is skipped");
             metrics::record_run("create_failed");
-            event(
+            events::publish(
                 &ctx,
                 &lj,
                 true,
@@ -404,8 +384,7 @@ async fn start_inner(
                 format!(
                     "cannot create Job {job_name} for {scheduled}, the run is skipped: {message}"
                 ),
-            )
-            .await;
+            );
             ctx.engine.release(&lease).await;
             if manual {
                 clear_run_now(&ctx, &lj, &scheduled.to_string()).await;
@@ -568,7 +547,7 @@ pub async fn supervise(
                     format!("lease on {} lost (no Redis quorum renewed it); Job {job_name} deleted before the lease deadline", lease.name())
                 }
             };
-            event(&ctx, &lj, true, "LockLost", message.clone()).await;
+            events::publish(&ctx, &lj, true, "LockLost", message.clone());
             update_condition(
                 &ctx,
                 &lj,
@@ -602,7 +581,7 @@ pub async fn supervise(
                 "failed"
             });
             tracing::info!(job = %job_name, ?outcome, lease_held = held, "run finished; lock released");
-            event(
+            events::publish(
                 &ctx,
                 &lj,
                 outcome != RunOutcome::Succeeded,
@@ -615,8 +594,7 @@ pub async fn supervise(
                         "failed"
                     }
                 ),
-            )
-            .await;
+            );
             let mut status =
                 json!({"lastRun": record(&lease, &job_name, scheduled, outcome, None)});
             if outcome == RunOutcome::Succeeded {
@@ -660,7 +638,7 @@ pub async fn check_orphan(ctx: Arc<Context>, lj: Arc<LockedJob>, valid: ValidSpe
                 tracing::warn!(%holder, "another cluster holds the lock: deleting this cluster's orphaned Job");
                 let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), &namespace);
                 bounded(API_CALL_LIMIT, jobs.delete(&job_name, &DeleteParams::foreground())).await;
-                event(&ctx, &lj, true, "OrphanDeleted", format!("Job {job_name} deleted: lock {} is held by {holder}", valid.lock_name)).await;
+                events::publish(&ctx, &lj, true, "OrphanDeleted", format!("Job {job_name} deleted: lock {} is held by {holder}", valid.lock_name));
                 None
             }
             None => match ctx.engine.try_acquire(&valid.lock_name, valid.timing.ttl).await {
@@ -676,7 +654,7 @@ pub async fn check_orphan(ctx: Arc<Context>, lj: Arc<LockedJob>, valid: ValidSpe
                     }
                     tracing::Span::current().record("token", lease.token());
                     tracing::info!("holder gone: lock acquired afresh, adopting the Job");
-                    event(&ctx, &lj, false, "Adopted", format!("Job {job_name} adopted by {} with token {}", lease.holder(), lease.token())).await;
+                    events::publish(&ctx, &lj, false, "Adopted", format!("Job {job_name} adopted by {} with token {}", lease.holder(), lease.token()));
                     Some(lease)
                 }
                 Err(_) => None,

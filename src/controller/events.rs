@@ -1,0 +1,116 @@
+//! Events about LockedJobs (`events.k8s.io/v1`), published in tasks of their own: a run never
+//! waits for its Events.
+//!
+//! kube's `Recorder` is not used: it keeps every Event for six minutes to count repeats into a
+//! series, and each publish takes a write lock on that cache and scans it. Ours are unique per
+//! run (times, Job names, tokens), so nothing would ever be counted; at a thousand LockedJobs
+//! the cache was tens of MiB per replica and its lock a queue in front of every Job create.
+
+use super::{Context, MANAGER};
+use crate::api::LockedJob;
+use jiff::Timestamp;
+use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use kube::api::{Api, PostParams};
+use kube::{Resource, ResourceExt};
+use tracing::Instrument;
+
+/// The API server's limit for an Event's note.
+const MAX_NOTE_BYTES: usize = 1024;
+
+/// Publishes a Normal (or, with `warning`, a Warning) Event about `lj` in the background; a
+/// failure is logged at debug level, as Events are best effort.
+pub fn publish(ctx: &Context, lj: &LockedJob, warning: bool, reason: &str, note: String) {
+    let Some(namespace) = lj.namespace() else {
+        return;
+    };
+    let event = build(lj, &ctx.holder, warning, reason, note, Timestamp::now());
+    let api: Api<Event> = Api::namespaced(ctx.client.clone(), &namespace);
+    tokio::spawn(
+        async move {
+            if let Err(e) = api.create(&PostParams::default(), &event).await {
+                tracing::debug!(error = %e, "event not recorded");
+            }
+        }
+        .in_current_span(),
+    );
+}
+
+fn build(
+    lj: &LockedJob,
+    instance: &str,
+    warning: bool,
+    reason: &str,
+    mut note: String,
+    now: Timestamp,
+) -> Event {
+    if note.len() > MAX_NOTE_BYTES {
+        let mut end = MAX_NOTE_BYTES;
+        while !note.is_char_boundary(end) {
+            end -= 1;
+        }
+        note.truncate(end);
+    }
+    Event {
+        metadata: ObjectMeta {
+            generate_name: Some(format!("{}.", lj.name_any())),
+            namespace: lj.namespace(),
+            ..Default::default()
+        },
+        event_time: Some(MicroTime(now)),
+        type_: Some(if warning { "Warning" } else { "Normal" }.into()),
+        reason: Some(reason.into()),
+        action: Some(reason.into()),
+        note: Some(note),
+        regarding: Some(lj.object_ref(&())),
+        reporting_controller: Some(MANAGER.into()),
+        reporting_instance: Some(instance.into()),
+        ..Default::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn locked_job() -> LockedJob {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "lockedjob.dev/v1alpha1", "kind": "LockedJob",
+            "metadata": {"name": "report", "namespace": "team-a", "uid": "u-1"},
+            "spec": {"schedule": "* * * * *", "jobTemplate": {"spec": {"template": {"spec": {
+                "containers": [{"name": "main", "image": "busybox"}]}}}}}
+        }))
+        .expect("locked job")
+    }
+
+    #[test]
+    fn event_names_its_object_reporter_and_kind() {
+        let now = Timestamp::from_second(1_800_000_000).expect("time");
+        let event = build(&locked_job(), "c1/r0", true, "LockLost", "gone".into(), now);
+        assert_eq!(event.type_.as_deref(), Some("Warning"));
+        assert_eq!(event.reason.as_deref(), Some("LockLost"));
+        assert_eq!(event.reporting_instance.as_deref(), Some("c1/r0"));
+        assert_eq!(event.metadata.generate_name.as_deref(), Some("report."));
+        assert_eq!(event.metadata.namespace.as_deref(), Some("team-a"));
+        let regarding = event.regarding.expect("regarding");
+        assert_eq!(regarding.kind.as_deref(), Some("LockedJob"));
+        assert_eq!(regarding.uid.as_deref(), Some("u-1"));
+        assert_eq!(event.event_time.map(|t| t.0), Some(now));
+    }
+
+    #[test]
+    fn long_notes_are_cut_at_the_api_limit_on_a_character_boundary() {
+        let note = "é".repeat(MAX_NOTE_BYTES); // 2 bytes each
+        let event = build(
+            &locked_job(),
+            "c1/r0",
+            false,
+            "Created",
+            note,
+            Timestamp::now(),
+        );
+        let note = event.note.expect("note");
+        assert!(note.len() <= MAX_NOTE_BYTES && note.len() >= MAX_NOTE_BYTES - 1);
+        assert_eq!(event.type_.as_deref(), Some("Normal"));
+    }
+}
