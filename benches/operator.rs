@@ -4,8 +4,8 @@
 //! node's `INFO commandstats`), and each replica's peak RSS and its RSS at the end.
 //!
 //! `cargo bench --bench operator` runs 1,000 LockedJobs on a 10-second schedule for 60 s.
-//! `BENCH_LOCKEDJOBS` and `BENCH_SECONDS` change that; under `cargo test` it runs a small smoke
-//! pass so that it cannot rot.
+//! `BENCH_LOCKEDJOBS` and `BENCH_SECONDS` change that, `BENCH_IDLE=1` measures the LockedJobs
+//! without runs; under `cargo test` it runs a small smoke pass so that it cannot rot.
 
 #[path = "../tests/standin/mod.rs"]
 mod standin;
@@ -138,11 +138,22 @@ fn status_mib(pid: u32, field: &str) -> f64 {
         .unwrap_or(f64::NAN)
 }
 
+/// `BENCH_IDLE=1`: a yearly schedule, so nothing runs and the figures are a replica's cost of
+/// watching and caching N LockedJobs alone.
+fn idle() -> bool {
+    std::env::var("BENCH_IDLE").is_ok_and(|v| v == "1")
+}
+
 fn locked_job(name: &str) -> LockedJob {
+    let schedule = if idle() {
+        "0 0 1 1 *".to_string()
+    } else {
+        format!("*/{PERIOD_S} * * * * *")
+    };
     serde_json::from_value(json!({
         "apiVersion": "lockedjob.dev/v1alpha1", "kind": "LockedJob",
         "metadata": {"name": name, "namespace": "default"},
-        "spec": {"schedule": format!("*/{PERIOD_S} * * * * *"), "successfulJobsHistoryLimit": 1,
+        "spec": {"schedule": schedule, "successfulJobsHistoryLimit": 1,
             "lock": {"ttlSeconds": TTL_S},
             "jobTemplate": {"spec": {"backoffLimit": 0, "template": {"spec": {
                 "restartPolicy": "Never", "terminationGracePeriodSeconds": 1,
@@ -240,7 +251,8 @@ async fn bench(lockedjobs: u64, seconds: u64) {
     let run_length_s = 0.0_f64; // `true` exits at once: the bound's renewal term is ~0
     let bound = 3.0 * NODES as f64 + NODES as f64 * (run_length_s / (TTL_S as f64 / 3.0));
     println!(
-        "operator bench: {lockedjobs} LockedJobs every {PERIOD_S}s, {REPLICAS} replicas, {NODES} Redis nodes, {seconds}s measured"
+        "operator bench: {lockedjobs} LockedJobs {}, {REPLICAS} replicas, {NODES} Redis nodes, {seconds}s measured",
+        if idle() { "idle (yearly schedule)".to_string() } else { format!("every {PERIOD_S}s") }
     );
     println!("| measure | value | target |");
     println!("|---|---|---|");

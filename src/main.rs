@@ -66,6 +66,9 @@ fn main() {
         std::process::exit(lockedjob::lab::run(args));
     }
     let _ = rustls::crypto::ring::default_provider().install_default();
+    if matches!(cli.command, Command::Operator(_)) {
+        lockedjob::controller::return_large_allocations_to_the_system();
+    }
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(runtime) => runtime,
         Err(e) => {
