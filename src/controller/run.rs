@@ -236,7 +236,7 @@ enum NotStarted {
     Contended,
     /// The lock's progress register says this time already ran.
     AlreadyRan,
-    /// No quorum, API errors, shutting down.
+    /// No quorum, a split vote, API errors, shutting down: tried again after a short pause.
     Failed,
 }
 

@@ -40,8 +40,8 @@ pub struct Cluster {
     pub namespace: String,
     /// The stand-in, for its fault switches; `None` on a real cluster.
     pub standin: Option<ApiServer>,
-    /// The real cluster's kubeconfig (the stand-in writes one per replica instead).
-    kubeconfig: Option<PathBuf>,
+    /// The admin kubeconfig (on the stand-in, each replica gets one of its own instead).
+    kubeconfig: PathBuf,
     pace: u32,
 }
 
@@ -52,8 +52,8 @@ impl Cluster {
             name: "stand-in",
             client: server.client().await,
             namespace: "default".into(),
+            kubeconfig: server.kubeconfig(),
             standin: Some(server),
-            kubeconfig: None,
             pace: 1,
         }
     }
@@ -85,7 +85,7 @@ impl Cluster {
             client,
             namespace,
             standin: None,
-            kubeconfig: Some(kubeconfig.to_path_buf()),
+            kubeconfig: kubeconfig.to_path_buf(),
             pace,
         }
     }
@@ -116,10 +116,9 @@ impl Cluster {
     /// The kubeconfig of one replica: on the stand-in each replica has its own token, so a
     /// test can cut one off its API server.
     fn kubeconfig_for(&self, replica: &str) -> PathBuf {
-        match (&self.standin, &self.kubeconfig) {
-            (Some(server), _) => server.write_kubeconfig(replica),
-            (None, Some(path)) => path.clone(),
-            (None, None) => unreachable!("a real cluster has a kubeconfig"),
+        match &self.standin {
+            Some(server) => server.write_kubeconfig(replica),
+            None => self.kubeconfig.clone(),
         }
     }
 
@@ -188,9 +187,10 @@ impl Drop for Cluster {
     /// A real cluster's test namespace is deleted, with the finalizers of LockedJobs whose
     /// replicas are gone removed (in a thread of its own: `Drop` cannot await).
     fn drop(&mut self) {
-        let Some(kubeconfig) = self.kubeconfig.clone() else {
+        if !self.is_real() {
             return;
-        };
+        }
+        let kubeconfig = self.kubeconfig.clone();
         let namespace = self.namespace.clone();
         let cleanup = std::thread::spawn(move || {
             let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
