@@ -5,11 +5,17 @@
 FROM rust:1-bookworm AS build
 WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
+# The workspace's other member (test support, never built here) only needs to exist.
+COPY localcluster/Cargo.toml localcluster/
+RUN mkdir -p localcluster/src \
+ && touch localcluster/src/lib.rs \
+ && echo 'fn main() {}' > localcluster/src/main.rs
 # Empty targets with the real manifest: `cargo build` compiles and caches every dependency.
 RUN mkdir -p src benches \
  && echo 'fn main() {}' > src/main.rs \
  && touch src/lib.rs \
  && echo 'fn main() {}' > benches/redlock.rs \
+ && echo 'fn main() {}' > benches/operator.rs \
  && cargo build --release --locked --bin lockedjob \
  && rm -rf src benches
 COPY src ./src

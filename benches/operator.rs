@@ -1,5 +1,6 @@
-//! Operator benchmark: many LockedJobs, 3 replicas of the real `lockedjob operator` binary, an
-//! API-server stand-in and 5 real Redis nodes, all on this machine. Reports schedule lag (due
+//! Operator benchmark: many LockedJobs, 3 replicas of the real `lockedjob operator` binary, the
+//! local control plane (real kube-apiserver, etcd, controller manager, scheduler; the node
+//! agent runs the Jobs' pods as processes) and 5 real Redis nodes, all on this machine. Reports schedule lag (due
 //! time to Job created, from the replicas' own histogram), Redis commands per run (from every
 //! node's `INFO commandstats`), and each replica's peak RSS and its RSS at the end.
 //!
@@ -7,8 +8,6 @@
 //! `BENCH_LOCKEDJOBS` and `BENCH_SECONDS` change that, `BENCH_IDLE=1` measures the LockedJobs
 //! without runs; under `cargo test` it runs a small smoke pass so that it cannot rot.
 
-#[path = "../tests/standin/mod.rs"]
-mod standin;
 #[path = "../tests/support/mod.rs"]
 mod support;
 
@@ -152,7 +151,7 @@ fn locked_job(name: &str) -> LockedJob {
     };
     serde_json::from_value(json!({
         "apiVersion": "lockedjob.dev/v1alpha1", "kind": "LockedJob",
-        "metadata": {"name": name, "namespace": "default"},
+        "metadata": {"name": name},
         "spec": {"schedule": schedule, "successfulJobsHistoryLimit": 1,
             "lock": {"ttlSeconds": TTL_S},
             "jobTemplate": {"spec": {"backoffLimit": 0, "template": {"spec": {
@@ -165,7 +164,12 @@ fn locked_job(name: &str) -> LockedJob {
 async fn bench(lockedjobs: u64, seconds: u64) {
     let nodes =
         RedisNodes::start(NODES, Persistence::AppendFsyncAlways).expect("start redis-server");
-    let server = standin::ApiServer::start();
+    let cluster = support::kubernetes::local_cluster("bench").await;
+    let client = support::kubernetes::client_for(&cluster.kubeconfig()).await;
+    support::kubernetes::install_lockedjob_crd(&client, "bench")
+        .await
+        .expect("LockedJob CRD");
+    let namespace = support::kubernetes::create_namespace(&client, "bench").await;
     let replicas: Vec<Replica> = (0..REPLICAS)
         .map(|i| {
             let metrics = format!("127.0.0.1:{}", support::free_port());
@@ -174,7 +178,8 @@ async fn bench(lockedjobs: u64, seconds: u64) {
                 .args(["--redis", &nodes.urls().join(",")])
                 .args(["--cluster-id", "bench", "--runner-name", &format!("r{i}")])
                 .args(["--metrics-addr", &metrics])
-                .env("KUBECONFIG", server.write_kubeconfig(&format!("r{i}")))
+                .args(["--namespaces", &namespace])
+                .env("KUBECONFIG", cluster.kubeconfig())
                 .env("RUST_LOG", "warn")
                 .env_remove("LOCKEDJOB_REDIS_URLS")
                 .stdout(Stdio::null())
@@ -191,7 +196,7 @@ async fn bench(lockedjobs: u64, seconds: u64) {
             Replica { child, metrics }
         })
         .collect();
-    let api: Api<LockedJob> = Api::namespaced(server.client().await, "default");
+    let api: Api<LockedJob> = Api::namespaced(client.clone(), &namespace);
     for i in 0..lockedjobs {
         api.create(
             &PostParams::default(),

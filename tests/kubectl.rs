@@ -1,27 +1,22 @@
-//! kubectl against the stand-in: apply the CRD and the examples, get them back.
-//! Skipped, with a visible message, where kubectl is not installed.
+//! kubectl (the one built with the control plane, not Debian's 1.20) against the local control
+//! plane's real kube-apiserver: apply the CRD and the examples with client-side validation
+//! against the server's OpenAPI documents, get them back through the CRD's printer columns.
 
-mod standin;
+mod support;
 
+use std::path::Path;
 use std::process::Command;
+use support::kubernetes::{client_for, create_namespace, delete_namespace, local_cluster};
 
-fn kubectl_available() -> bool {
-    Command::new("kubectl")
-        .arg("version")
-        .arg("--client")
-        .output()
-        .is_ok_and(|o| o.status.success())
-}
-
-fn kubectl(kubeconfig: &std::path::Path, args: &[&str]) -> (bool, String) {
-    let mut command = Command::new("kubectl");
-    command.arg("--kubeconfig").arg(kubeconfig).args(args);
-    if args[0] == "apply" {
-        // The stand-in serves no OpenAPI documents, which kubectl's client-side validation
-        // downloads; the server still enforces the CRD schema on every write.
-        command.arg("--validate=false");
-    }
-    let out = command
+fn kubectl(kubeconfig: &Path, namespace: &str, args: &[&str]) -> (bool, String) {
+    let kubectl = localcluster::Binaries::locate()
+        .expect("the control plane's binaries")
+        .path("kubectl");
+    let out = Command::new(kubectl)
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(["--namespace", namespace])
+        .args(args)
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .output()
         .expect("run kubectl");
@@ -33,26 +28,54 @@ fn kubectl(kubeconfig: &std::path::Path, args: &[&str]) -> (bool, String) {
     (out.status.success(), text)
 }
 
-#[test]
-fn kubectl_applies_the_crd_and_examples_and_gets_them() {
-    if !kubectl_available() {
-        println!("skipped: kubectl not installed (apt-get install kubernetes-client)");
-        return;
-    }
-    let server = standin::ApiServer::start();
-    let kubeconfig = server.kubeconfig();
-    for args in [
-        vec!["apply", "-f", "crds/lockedjob.dev_lockedjobs.yaml"],
-        vec!["apply", "-f", "examples/nightly-report.yaml"],
-        vec!["apply", "-f", "examples/sweep-every-5-minutes.yaml"],
-        vec!["apply", "-f", "examples/cross-cluster.yaml"],
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_applies_the_crd_and_examples_and_gets_them() {
+    let cluster = local_cluster("kubectl").await;
+    let kubeconfig = cluster.kubeconfig();
+    let client = client_for(&kubeconfig).await;
+    let ns = create_namespace(&client, "kubectl").await;
+    let (ok, text) = kubectl(
+        &kubeconfig,
+        &ns,
+        &["apply", "-f", "crds/lockedjob.dev_lockedjobs.yaml"],
+    );
+    assert!(ok, "apply the CRD: {text}");
+    let (ok, text) = kubectl(
+        &kubeconfig,
+        &ns,
+        &[
+            "wait",
+            "--for=condition=Established",
+            "crd/lockedjobs.lockedjob.dev",
+            "--timeout=60s",
+        ],
+    );
+    assert!(ok, "CRD established: {text}");
+    // The examples name their own namespaces; they are applied into the test's.
+    let apply = |file: &str| {
+        let manifest = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(file))
+            .expect("example")
+            .lines()
+            .filter(|l| !l.trim_start().starts_with("namespace:"))
+            .collect::<Vec<_>>()
+            .join("\n");
+        let path = cluster
+            .dir()
+            .join(format!("{ns}-{}", file.replace('/', "-")));
+        std::fs::write(&path, manifest).expect("write manifest");
+        kubectl(&kubeconfig, &ns, &["apply", "-f", &path.to_string_lossy()])
+    };
+    for file in [
+        "examples/nightly-report.yaml",
+        "examples/sweep-every-5-minutes.yaml",
+        "examples/cross-cluster.yaml",
         // A second apply of the same file is an update, not a conflict.
-        vec!["apply", "-f", "examples/nightly-report.yaml"],
+        "examples/nightly-report.yaml",
     ] {
-        let (ok, text) = kubectl(&kubeconfig, &args);
-        assert!(ok, "kubectl {args:?}: {text}");
+        let (ok, text) = apply(file);
+        assert!(ok, "kubectl apply {file}: {text}");
     }
-    let (ok, text) = kubectl(&kubeconfig, &["get", "lj", "-A"]);
+    let (ok, text) = kubectl(&kubeconfig, &ns, &["get", "lj"]);
     assert!(ok, "{text}");
     for expected in [
         "nightly-report",
@@ -63,10 +86,11 @@ fn kubectl_applies_the_crd_and_examples_and_gets_them() {
     ] {
         assert!(text.contains(expected), "missing {expected:?} in:\n{text}");
     }
-    let (ok, text) = kubectl(&kubeconfig, &["get", "jobs", "-A"]);
+    let (ok, text) = kubectl(&kubeconfig, &ns, &["get", "jobs"]);
     assert!(ok, "{text}");
     let (ok, text) = kubectl(
         &kubeconfig,
+        &ns,
         &[
             "get",
             "lockedjob",
@@ -77,12 +101,10 @@ fn kubectl_applies_the_crd_and_examples_and_gets_them() {
     );
     assert!(ok, "{text}");
     assert_eq!(text, "Forbid", "defaults applied by the schema");
-    let (ok, text) = kubectl(
-        &kubeconfig,
-        &["apply", "-f", "examples/invalid/restart-always.yaml"],
-    );
+    let (ok, text) = apply("examples/invalid/restart-always.yaml");
     assert!(
         ok,
         "schema-valid manifest is accepted by the API (the operator reports InvalidSpec): {text}"
     );
+    delete_namespace(&client, &ns).await;
 }

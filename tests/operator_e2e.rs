@@ -1,12 +1,12 @@
 //! End to end: real Redis nodes and the real `lockedjob operator` binary as separate
-//! processes, against the stand-in API server always and against the real cluster of
-//! `LOCKEDJOB_E2E_KUBECONFIG` when it is set (scenarios that need the stand-in's fault switches
-//! say so and skip there). Each Job prints `lock scheduled token cluster start end` when it
+//! processes, on the local control plane (real kube-apiserver, etcd, controller manager and
+//! scheduler; pods run as processes by the node agent) and on the external cluster of
+//! `LOCKEDJOB_E2E_KUBECONFIG` when it is set (scenarios that need the local control plane's
+//! faults say so and skip there). Each Job prints `lock scheduled token cluster start end` when it
 //! ends; the suite reads those lines through the pods' logs API and the checker asserts one
 //! run per scheduled time per lock, no overlap, and tokens growing in start order.
 
 mod e2e;
-mod standin;
 mod support;
 
 use e2e::{
@@ -18,9 +18,9 @@ use kube::api::{Api, PostParams};
 use lockedjob::api::LockedJob;
 use nix::sys::signal::Signal;
 use serde_json::json;
-use standin::eventually;
 use std::time::Duration;
-use support::{Persistence, RedisNodes};
+use support::kubernetes::eventually;
+use support::{Persistence, ProxyMode, RedisNodes};
 
 /// Any Job of the LockedJobs not being deleted.
 fn any_live(jobs: &[Job]) -> bool {
@@ -205,16 +205,9 @@ async fn quorum_loss(mut lab: Lab) {
         c.name
     );
 
-    // Majority down mid-run: the Job is deleted within the lease, LockLost is set. The
-    // stand-in's kubelet kills at once, so there the Job must be gone; a real cluster's pods
-    // take their grace period, so there the operator's deletion must have been issued.
-    let stopped = |jobs: &[Job]| {
-        if c.is_real() {
-            !any_live(jobs)
-        } else {
-            jobs.is_empty()
-        }
-    };
+    // Majority down mid-run: the Job is deleted within the lease, LockLost is set. Its pods
+    // take their grace period, so the operator's deletion must have been issued in time.
+    let stopped = |jobs: &[Job]| !any_live(jobs);
     lab.nodes[0].kill9();
     lab.nodes[1].kill9();
     let lost_at = std::time::Instant::now();
@@ -349,12 +342,13 @@ async fn paused_holder(lab: Lab) {
     check(&lab.journal.runs().await).unwrap_or_else(|e| panic!("{e}\n{logs}"));
 }
 
-/// Scenario 6: the holder cut off from its API server for a while (a stand-in fault).
+/// Scenario 6: the holder cut off from its API server for a while: its own proxy to
+/// kube-apiserver refuses connections and closes the open ones.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn holder_cut_off_from_its_api_server_causes_no_duplicate_and_status_catches_up() {
     for cluster in clusters().await {
         if cluster
-            .standin_or_skip("cutting one replica off its API server")
+            .local_or_skip("cutting one replica off its API server")
             .is_some()
         {
             holder_cut_off(Lab::start(cluster, 3, 3)).await;
@@ -364,7 +358,6 @@ async fn holder_cut_off_from_its_api_server_causes_no_duplicate_and_status_catch
 
 async fn holder_cut_off(lab: Lab) {
     let c = &lab.cluster;
-    let server = c.standin.as_ref().expect("a stand-in");
     let api: Api<LockedJob> = c.api();
     api.create(
         &PostParams::default(),
@@ -373,13 +366,15 @@ async fn holder_cut_off(lab: Lab) {
     .await
     .expect("create");
     let holder = wait_for_holder(&api, "cut", c.secs(40.0)).await;
-    // Each replica's kubeconfig sends its runner name as its token.
-    let token = holder.rsplit('/').next().expect("runner name").to_string();
-    server.set_faults(|f| {
-        f.cut_tokens.insert(token.clone());
-    });
+    let proxy = lab
+        .replicas
+        .iter()
+        .find(|r| holder.ends_with(&format!("/{}", r.name)))
+        .and_then(|r| r.api_proxy())
+        .expect("the holder's API proxy");
+    proxy.set_mode(ProxyMode::Reject);
     tokio::time::sleep(Duration::from_secs(8)).await;
-    server.set_faults(|f| f.cut_tokens.clear());
+    proxy.set_mode(ProxyMode::Forward);
     tokio::time::sleep(Duration::from_secs(10)).await;
     let status = api.get("cut").await.expect("get").status.expect("status");
     let logs = logs_of(&lab.replicas);

@@ -1,10 +1,10 @@
 //! Scenario 8 of the operator's end-to-end suite, in a test binary of its own: cargo runs
 //! test binaries one after the other, so this load (200 LockedJobs falling due at once) never
 //! shares the two cores with the timing-sensitive fault scenarios of `operator_e2e.rs`. Runs on
-//! the real cluster of `LOCKEDJOB_E2E_KUBECONFIG` too, at that cluster's pace.
+//! the local control plane, and on the external cluster of `LOCKEDJOB_E2E_KUBECONFIG` too, at
+//! that cluster's pace.
 
 mod e2e;
-mod standin;
 mod support;
 
 use e2e::{check, clusters, logs_of, Lab};
@@ -28,8 +28,8 @@ async fn two_hundred(lab: Lab) {
     let api: Api<LockedJob> = c.api();
     for i in 0..COUNT {
         let mut lj = c.journaled(&format!("many-{i:03}"), &c.every(20), "c1", None, 0.0);
-        // Not the 6 s of the fault scenarios: when 200 runs fall due at once, the local
-        // kubelet's 200 processes can starve the replicas of the cores for seconds, and a
+        // Not the 6 s of the fault scenarios: when 200 runs fall due at once, the node
+        // agent's 200 processes can starve the replicas of the cores for seconds, and a
         // starved holder rightly gives its lease up. This scenario is about scale.
         lj.spec.lock.ttl_seconds = c.secs(30.0).as_secs() as i32;
         api.create(&PostParams::default(), &lj)
@@ -42,7 +42,7 @@ async fn two_hundred(lab: Lab) {
     for r in &lab.replicas {
         r.signal(Signal::SIGTERM);
     }
-    // Runs started = Jobs created (their processes may still be queued on the local kubelet).
+    // Runs started = Jobs created (their pods may still be queued behind the Job controller).
     let jobs: Api<k8s_openapi::api::batch::v1::Job> = c.api();
     let started: Vec<(String, i64, i64)> = jobs
         .list(&Default::default())
@@ -80,7 +80,7 @@ async fn two_hundred(lab: Lab) {
     // Due times with room on both sides: after every object existed (plus a moment for the
     // watches to deliver them) and early enough to have started before the replicas stopped.
     let first = (created.as_second() + 2 + period_s - 1) / period_s * period_s;
-    // Generous: on two loaded cores, debug-build replicas and the stand-in lag by seconds
+    // Generous: on two loaded cores, debug-build replicas and the control plane lag by seconds
     // when 200 runs fall due at once (the release benchmark measures the real lag).
     let last = stopped.as_second() - c.secs(15.0).as_secs() as i64;
     let due: Vec<i64> = (first..=last).step_by(period_s as usize).collect();

@@ -19,7 +19,7 @@ use tracing::Instrument;
 const MAX_NOTE_BYTES: usize = 1024;
 
 /// Publishes a Normal (or, with `warning`, a Warning) Event about `lj` in the background; a
-/// failure is logged at debug level, as Events are best effort.
+/// failure is logged as a warning (Events are best effort, but a refused one is a bug to see).
 pub fn publish(ctx: &Context, lj: &LockedJob, warning: bool, reason: &str, note: String) {
     let Some(namespace) = lj.namespace() else {
         return;
@@ -29,7 +29,7 @@ pub fn publish(ctx: &Context, lj: &LockedJob, warning: bool, reason: &str, note:
     tokio::spawn(
         async move {
             if let Err(e) = api.create(&PostParams::default(), &event).await {
-                tracing::debug!(error = %e, "event not recorded");
+                tracing::warn!(error = %e, "event not recorded");
             }
         }
         .in_current_span(),
@@ -53,7 +53,9 @@ fn build(
     }
     Event {
         metadata: ObjectMeta {
-            generate_name: Some(format!("{}.", lj.name_any())),
+            // kube-apiserver validates the prefix itself as a DNS subdomain, where a trailing
+            // '-' is allowed and a trailing '.' is not.
+            generate_name: Some(format!("{}-", lj.name_any())),
             namespace: lj.namespace(),
             ..Default::default()
         },
@@ -90,12 +92,52 @@ mod tests {
         assert_eq!(event.type_.as_deref(), Some("Warning"));
         assert_eq!(event.reason.as_deref(), Some("LockLost"));
         assert_eq!(event.reporting_instance.as_deref(), Some("c1/r0"));
-        assert_eq!(event.metadata.generate_name.as_deref(), Some("report."));
+        assert_eq!(event.metadata.generate_name.as_deref(), Some("report-"));
         assert_eq!(event.metadata.namespace.as_deref(), Some("team-a"));
         let regarding = event.regarding.expect("regarding");
         assert_eq!(regarding.kind.as_deref(), Some("LockedJob"));
         assert_eq!(regarding.uid.as_deref(), Some("u-1"));
         assert_eq!(event.event_time.map(|t| t.0), Some(now));
+    }
+
+    /// kube-apiserver's check of a name prefix (`NameIsDNSSubdomain` with prefix = true: a
+    /// trailing '-' is masked, then the whole must be an RFC 1123 subdomain).
+    fn valid_generate_name(prefix: &str) -> bool {
+        let masked = match prefix.strip_suffix('-') {
+            Some(stem) => format!("{stem}a"),
+            None => prefix.to_string(),
+        };
+        masked.len() <= 253
+            && masked.split('.').all(|label| {
+                !label.is_empty()
+                    && label
+                        .chars()
+                        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+                    && !label.starts_with('-')
+                    && !label.ends_with('-')
+            })
+    }
+
+    #[test]
+    fn generated_event_names_pass_the_api_servers_prefix_check() {
+        assert!(
+            !valid_generate_name("report."),
+            "the check itself rejects a trailing dot"
+        );
+        for name in ["report", "nightly-report", "a.b"] {
+            let mut lj = locked_job();
+            lj.metadata.name = Some(name.into());
+            let event = build(
+                &lj,
+                "c1/r0",
+                false,
+                "Created",
+                String::new(),
+                Timestamp::now(),
+            );
+            let prefix = event.metadata.generate_name.expect("generateName");
+            assert!(valid_generate_name(&prefix), "{prefix:?}");
+        }
     }
 
     #[test]

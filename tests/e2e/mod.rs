@@ -1,18 +1,22 @@
-//! Shared by the end-to-end suites: where they run (a stand-in, or the real cluster of
-//! `LOCKEDJOB_E2E_KUBECONFIG`), operator replica processes, a lab of Redis nodes + one cluster
-//! + replicas, LockedJobs that journal their runs, the journal reader and its checker.
+//! Shared by the end-to-end suites: where they run (the local control plane — real
+//! kube-apiserver, etcd, controller manager and scheduler, with the node agent running pods as
+//! processes — and the external cluster of `LOCKEDJOB_E2E_KUBECONFIG` when set), operator
+//! replica processes each behind a fault proxy of its own, a lab of Redis nodes + one cluster +
+//! replicas, LockedJobs that journal their runs, the journal reader and its checker.
 //!
 //! The journal is the Jobs' own output: each run prints one line when it ends, and the suites
-//! read it through the pods' logs API, so the same scenario can run where the Jobs' pods are
-//! not on this machine.
+//! read it through the pods' logs API (kube-apiserver asks the node for it).
 #![allow(dead_code)]
 
-use super::standin::{self, ApiServer};
-use super::support::{self, Persistence, RedisNodes};
+use super::support::kubernetes::{
+    client_for, create_namespace, eventually, install_lockedjob_crd, local_cluster,
+};
+use super::support::{self, FaultProxy, Persistence, RedisNodes};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
-use kube::api::{Api, DeleteParams, ListParams, LogParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, LogParams, Patch, PatchParams};
 use kube::ResourceExt;
+use localcluster::LocalCluster;
 use lockedjob::api::LockedJob;
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
@@ -23,75 +27,70 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
 use std::time::Duration;
 
-/// Names the real cluster to run the scenarios against too (opt-in).
+/// Names an external cluster to run the scenarios against too (opt-in).
 pub const KUBECONFIG_ENV: &str = "LOCKEDJOB_E2E_KUBECONFIG";
-/// How much slower than the stand-in a real cluster's scenarios run (pods take seconds to
-/// start there): schedules, run lengths, TTLs and waits are multiplied by it. Default 3.
+/// How much slower than the local cluster the external one's scenarios run (its pods pull
+/// images and take seconds to start): schedules, run lengths, TTLs and waits are multiplied by
+/// it. Default 3; the local cluster runs at 1.
 pub const PACE_ENV: &str = "LOCKEDJOB_E2E_PACE";
 /// Label on the journaling pods, for the journal reader.
 const JOURNAL_LABEL: &str = "lockedjob-e2e/journal";
 /// First word of a journal line, so other output of a pod is never taken for one.
 const JOURNAL_TAG: &str = "lockedjob-journal";
 
-/// Where a scenario runs: an in-process stand-in, or a fresh namespace of a real cluster.
+/// Where a scenario runs: a fresh namespace of the local control plane, or of the external
+/// cluster. The namespace is deleted on drop.
 pub struct Cluster {
-    pub name: &'static str,
+    pub name: String,
     pub client: kube::Client,
     pub namespace: String,
-    /// The stand-in, for its fault switches; `None` on a real cluster.
-    pub standin: Option<ApiServer>,
-    /// The admin kubeconfig (on the stand-in, each replica gets one of its own instead).
+    /// The local control plane, for the replicas' fault proxies and stopping the API server;
+    /// `None` on the external cluster.
+    pub local: Option<&'static LocalCluster>,
+    /// The admin kubeconfig.
     kubeconfig: PathBuf,
     pace: u32,
 }
 
 impl Cluster {
-    pub async fn standin() -> Self {
-        let server = ApiServer::start();
-        Self {
-            name: "stand-in",
-            client: server.client().await,
-            namespace: "default".into(),
-            kubeconfig: server.kubeconfig(),
-            standin: Some(server),
-            pace: 1,
-        }
+    /// A fresh namespace on the local control plane shared under `name` by this test process.
+    pub async fn local(name: &'static str) -> Self {
+        let local = local_cluster(name).await;
+        let mut cluster = Self::in_namespace_of(&local.kubeconfig(), 1).await;
+        cluster.name = format!("local cluster {name}");
+        cluster.local = Some(local);
+        cluster
     }
 
-    /// A fresh namespace on the cluster of `kubeconfig`, with the LockedJob CRD installed.
-    pub async fn real(kubeconfig: &Path) -> Self {
-        let client = standin::client_for(kubeconfig).await;
-        standin::install_lockedjob_crd(&client, "lockedjob-e2e")
-            .await
-            .unwrap_or_else(|e| panic!("on the real cluster (needs cluster-admin): {e}"));
-        let namespace = format!("lockedjob-e2e-{:08x}", rand::random::<u32>());
-        Api::<Namespace>::all(client.clone())
-            .create(
-                &PostParams::default(),
-                &serde_json::from_value(json!({"metadata": {
-                    "name": namespace, "labels": {"lockedjob-e2e": "true"}}}))
-                .expect("namespace"),
-            )
-            .await
-            .expect("create the test namespace on the real cluster");
+    /// A fresh namespace on the cluster of `kubeconfig`.
+    pub async fn external(kubeconfig: &Path) -> Self {
         let pace = std::env::var(PACE_ENV)
             .ok()
             .and_then(|v| v.parse().ok())
             .filter(|p| *p >= 1)
             .unwrap_or(3);
-        println!("real cluster: namespace {namespace}, pace x{pace}");
+        let cluster = Self::in_namespace_of(kubeconfig, pace).await;
+        println!(
+            "external cluster: namespace {}, pace x{pace}",
+            cluster.namespace
+        );
+        cluster
+    }
+
+    async fn in_namespace_of(kubeconfig: &Path, pace: u32) -> Self {
+        let client = client_for(kubeconfig).await;
+        install_lockedjob_crd(&client, "lockedjob-e2e")
+            .await
+            .unwrap_or_else(|e| panic!("install the CRD (needs cluster-admin): {e}"));
+        let namespace = create_namespace(&client, "lockedjob-e2e").await;
         Self {
-            name: "real cluster",
+            name: "external cluster".into(),
             client,
             namespace,
-            standin: None,
+            local: None,
             kubeconfig: kubeconfig.to_path_buf(),
             pace,
         }
-    }
-
-    pub fn is_real(&self) -> bool {
-        self.standin.is_none()
     }
 
     pub fn api<K>(&self) -> Api<K>
@@ -102,33 +101,20 @@ impl Cluster {
         Api::namespaced(self.client.clone(), &self.namespace)
     }
 
-    /// The stand-in, or a visible skip of a scenario that needs its fault switches.
-    pub fn standin_or_skip(&self, scenario: &str) -> Option<&ApiServer> {
-        if self.standin.is_none() {
+    /// The local control plane, or a visible skip of a scenario that needs it.
+    pub fn local_or_skip(&self, scenario: &str) -> Option<&'static LocalCluster> {
+        if self.local.is_none() {
             println!(
-                "skipped on the {}: {scenario} needs the stand-in's fault switches",
+                "skipped on the {}: {scenario} needs the local control plane",
                 self.name
             );
         }
-        self.standin.as_ref()
+        self.local
     }
 
-    /// The kubeconfig of one replica: on the stand-in each replica has its own token, so a
-    /// test can cut one off its API server.
-    fn kubeconfig_for(&self, replica: &str) -> PathBuf {
-        match &self.standin {
-            Some(server) => server.write_kubeconfig(replica),
-            None => self.kubeconfig.clone(),
-        }
-    }
-
-    /// Real clusters: replicas watch only the test's namespace.
+    /// Replicas watch only the test's namespace (other tests share the cluster).
     fn scope_args(&self) -> Vec<String> {
-        if self.is_real() {
-            vec!["--namespaces".into(), self.namespace.clone()]
-        } else {
-            Vec::new()
-        }
+        vec!["--namespaces".into(), self.namespace.clone()]
     }
 
     /// `seconds` at this cluster's pace.
@@ -184,12 +170,9 @@ impl Cluster {
 }
 
 impl Drop for Cluster {
-    /// A real cluster's test namespace is deleted, with the finalizers of LockedJobs whose
-    /// replicas are gone removed (in a thread of its own: `Drop` cannot await).
+    /// The test namespace is deleted, with the finalizers of LockedJobs whose replicas are
+    /// gone removed (in a thread of its own: `Drop` cannot await).
     fn drop(&mut self) {
-        if !self.is_real() {
-            return;
-        }
         let kubeconfig = self.kubeconfig.clone();
         let namespace = self.namespace.clone();
         let cleanup = std::thread::spawn(move || {
@@ -200,7 +183,7 @@ impl Drop for Cluster {
                 return;
             };
             runtime.block_on(async {
-                let client = standin::client_for(&kubeconfig).await;
+                let client = client_for(&kubeconfig).await;
                 let _ = Api::<Namespace>::all(client.clone())
                     .delete(&namespace, &DeleteParams::background())
                     .await;
@@ -224,35 +207,43 @@ impl Drop for Cluster {
     }
 }
 
-/// The stand-in, and the real cluster when `LOCKEDJOB_E2E_KUBECONFIG` names one.
+fn external_kubeconfig() -> Option<PathBuf> {
+    let path = std::env::var_os(KUBECONFIG_ENV).map(PathBuf::from);
+    if path.is_none() {
+        println!("{KUBECONFIG_ENV} not set: this scenario runs on the local control plane only");
+    }
+    path
+}
+
+/// The local control plane, and the external cluster when `LOCKEDJOB_E2E_KUBECONFIG` names one.
 pub async fn clusters() -> Vec<Cluster> {
-    let mut list = vec![Cluster::standin().await];
-    match std::env::var_os(KUBECONFIG_ENV) {
-        Some(path) => list.push(Cluster::real(Path::new(&path)).await),
-        None => println!("{KUBECONFIG_ENV} not set: this scenario runs against the stand-in only"),
+    let mut list = vec![Cluster::local("east").await];
+    if let Some(path) = external_kubeconfig() {
+        list.push(Cluster::external(&path).await);
     }
     list
 }
 
-/// Two clusters sharing one set of Redis nodes: two stand-ins; on a real cluster, two
-/// namespaces of it whose replicas use different cluster ids.
+/// Two clusters sharing one set of Redis nodes: two local control planes; on the external
+/// cluster, two namespaces of it whose replicas use different cluster ids.
 pub async fn cluster_pairs() -> Vec<(Cluster, Cluster)> {
-    let mut list = vec![(Cluster::standin().await, Cluster::standin().await)];
-    match std::env::var_os(KUBECONFIG_ENV) {
-        Some(path) => list.push((
-            Cluster::real(Path::new(&path)).await,
-            Cluster::real(Path::new(&path)).await,
-        )),
-        None => println!("{KUBECONFIG_ENV} not set: this scenario runs against the stand-in only"),
+    let mut list = vec![(Cluster::local("east").await, Cluster::local("west").await)];
+    if let Some(path) = external_kubeconfig() {
+        list.push((
+            Cluster::external(&path).await,
+            Cluster::external(&path).await,
+        ));
     }
     list
 }
 
-/// One operator replica process.
+/// One operator replica process. On the local control plane it reaches the API server
+/// through a fault proxy of its own, so a test can cut it off alone.
 pub struct Replica {
     pub child: Child,
     pub name: String,
     pub log: PathBuf,
+    api_proxy: Option<FaultProxy>,
 }
 
 impl Replica {
@@ -264,6 +255,19 @@ impl Replica {
         dir: &Path,
     ) -> Self {
         let log = dir.join(format!("{cluster_id}-{name}.log"));
+        let (api_proxy, kubeconfig) = match cluster.local {
+            Some(local) => {
+                let proxy = FaultProxy::start(&local.apiserver_addr()).expect("API proxy");
+                let kubeconfig = local
+                    .kubeconfig_via(
+                        &format!("https://{}", proxy.addr()),
+                        &format!("kubeconfig-{}-{cluster_id}-{name}", cluster.namespace),
+                    )
+                    .expect("replica kubeconfig");
+                (Some(proxy), kubeconfig)
+            }
+            None => (None, cluster.kubeconfig.clone()),
+        };
         let child = Command::new(support::lockedjob_bin())
             .arg("operator")
             .args(["--redis", &urls.join(",")])
@@ -274,7 +278,7 @@ impl Replica {
                 &format!("127.0.0.1:{}", support::free_port()),
             ])
             .args(cluster.scope_args())
-            .env("KUBECONFIG", cluster.kubeconfig_for(name))
+            .env("KUBECONFIG", kubeconfig)
             .env("RUST_LOG", "info,kube=warn")
             .env_remove("LOCKEDJOB_REDIS_URLS")
             .env_remove("LOCKEDJOB_NAMESPACES")
@@ -286,6 +290,7 @@ impl Replica {
             child,
             name: name.into(),
             log,
+            api_proxy,
         }
     }
 
@@ -295,6 +300,11 @@ impl Replica {
 
     pub fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// The proxy between this replica and its API server (local control plane only).
+    pub fn api_proxy(&self) -> Option<&FaultProxy> {
+        self.api_proxy.as_ref()
     }
 }
 
@@ -504,7 +514,7 @@ pub async fn wait_for_holder(api: &Api<LockedJob>, name: &str, limit: Duration) 
             .map(|r| r.holder)
     };
     assert!(
-        standin::eventually(limit, || async { holder().await.is_some() }).await,
+        eventually(limit, || async { holder().await.is_some() }).await,
         "no run started"
     );
     holder().await.expect("holder")

@@ -6,6 +6,8 @@
 
 pub use lockedjob::lab::harness::{FaultProxy, Persistence, ProxyMode, RedisNode, RedisNodes};
 
+pub mod kubernetes;
+
 /// Checks on a node's data that fail the test, with context, when the node cannot answer.
 pub trait NodeChecks {
     fn query<T: redis::FromRedisValue>(&self, args: &[&str]) -> T;

@@ -1,0 +1,540 @@
+//! One local control plane. Its processes are started from a thread of the cluster's own (so
+//! `PR_SET_PDEATHSIG` ties them to the cluster, not to whichever test thread asked), which also
+//! runs the node agent; dropping the `LocalCluster` stops everything and removes its directory.
+
+use crate::agent::{AgentConfig, NodeAgent};
+use crate::process::Daemon;
+use crate::{free_port, Binaries, Error, Pki};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+use tokio::sync::{mpsc, oneshot};
+
+/// How a cluster is started.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Names the node (`<name>-node`) and the kubeconfig's context.
+    pub name: String,
+    /// Where the binaries are; `None`: `Binaries::locate()`.
+    pub binaries: Option<Binaries>,
+    /// A directory to keep (for `localcluster up DIR`); `None`: a temporary one, removed on drop.
+    pub dir: Option<PathBuf>,
+    /// How long to wait for each component to become ready.
+    pub ready_timeout: Duration,
+}
+
+impl Options {
+    pub fn named(name: &str) -> Self {
+        Self {
+            name: name.to_string(),
+            binaries: None,
+            dir: None,
+            ready_timeout: Duration::from_secs(180),
+        }
+    }
+}
+
+enum Request {
+    StopApiserver(oneshot::Sender<()>),
+    StartApiserver(oneshot::Sender<Result<(), Error>>),
+    Shutdown,
+}
+
+enum Dir {
+    Temporary(tempfile::TempDir),
+    Kept(PathBuf),
+}
+
+impl Dir {
+    fn path(&self) -> &Path {
+        match self {
+            Dir::Temporary(t) => t.path(),
+            Dir::Kept(p) => p,
+        }
+    }
+}
+
+pub struct LocalCluster {
+    name: String,
+    apiserver_port: u16,
+    token: String,
+    version: String,
+    requests: mpsc::UnboundedSender<Request>,
+    path: PathBuf,
+    /// Taken by the first shutdown (a `Mutex` so a shared `&'static` cluster can be stopped at
+    /// exit); the directory is removed after the thread stopped every process.
+    owned: Mutex<Option<(std::thread::JoinHandle<()>, Dir)>>,
+}
+
+/// Everything the cluster's thread needs to (re)start its processes.
+struct Layout {
+    bins: Binaries,
+    dir: PathBuf,
+    pki: Pki,
+    etcd_client_port: u16,
+    etcd_peer_port: u16,
+    apiserver_port: u16,
+    kubeconfig: PathBuf,
+    tokens: PathBuf,
+}
+
+impl Layout {
+    fn etcd_args(&self) -> Vec<String> {
+        let client = format!("http://127.0.0.1:{}", self.etcd_client_port);
+        let peer = format!("http://127.0.0.1:{}", self.etcd_peer_port);
+        vec![
+            "--name=default".into(),
+            format!("--data-dir={}", self.dir.join("etcd").display()),
+            format!("--listen-client-urls={client}"),
+            format!("--advertise-client-urls={client}"),
+            format!("--listen-peer-urls={peer}"),
+            format!("--initial-advertise-peer-urls={peer}"),
+            format!("--initial-cluster=default={peer}"),
+            // Test data: a crash loses nothing anyone needs, and fsync costs seconds on a
+            // loaded disk.
+            "--unsafe-no-fsync".into(),
+            "--log-level=warn".into(),
+        ]
+    }
+
+    fn apiserver_args(&self) -> Vec<String> {
+        let p = &self.pki;
+        vec![
+            format!("--etcd-servers=http://127.0.0.1:{}", self.etcd_client_port),
+            "--bind-address=127.0.0.1".into(),
+            "--advertise-address=127.0.0.1".into(),
+            format!("--secure-port={}", self.apiserver_port),
+            format!("--tls-cert-file={}", p.apiserver_cert.display()),
+            format!("--tls-private-key-file={}", p.apiserver_key.display()),
+            format!("--client-ca-file={}", p.ca_cert.display()),
+            format!("--token-auth-file={}", self.tokens.display()),
+            "--authorization-mode=RBAC".into(),
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local".into(),
+            format!(
+                "--service-account-key-file={}",
+                p.service_account_pub.display()
+            ),
+            format!(
+                "--service-account-signing-key-file={}",
+                p.service_account_key.display()
+            ),
+            "--service-cluster-ip-range=10.0.0.0/24".into(),
+            // The `kubernetes` Service's endpoints would name 127.0.0.1, which the API refuses
+            // for Endpoints; in-cluster clients get the address from the node agent instead.
+            "--endpoint-reconciler-type=none".into(),
+            "--kubelet-preferred-address-types=InternalIP".into(),
+            "--allow-privileged=true".into(),
+            "--profiling=false".into(),
+        ]
+    }
+
+    fn component_args(&self, port: u16) -> Vec<String> {
+        let kubeconfig = self.kubeconfig.display();
+        vec![
+            format!("--kubeconfig={kubeconfig}"),
+            format!("--authentication-kubeconfig={kubeconfig}"),
+            format!("--authorization-kubeconfig={kubeconfig}"),
+            "--bind-address=127.0.0.1".into(),
+            format!("--secure-port={port}"),
+            "--leader-elect=false".into(),
+        ]
+    }
+
+    fn controller_manager_args(&self) -> Result<Vec<String>, Error> {
+        let p = &self.pki;
+        let mut args = self.component_args(port()?);
+        args.extend([
+            "--controllers=*".into(),
+            format!(
+                "--service-account-private-key-file={}",
+                p.service_account_key.display()
+            ),
+            format!("--root-ca-file={}", p.ca_cert.display()),
+            format!("--cluster-signing-cert-file={}", p.ca_cert.display()),
+            format!("--cluster-signing-key-file={}", p.ca_key.display()),
+            // The default 20 requests/s makes the Job controller, not the operator, the
+            // bottleneck when a few hundred Jobs fall due at once.
+            "--kube-api-qps=100".into(),
+            "--kube-api-burst=200".into(),
+        ]);
+        Ok(args)
+    }
+
+    fn spawn(&self, name: &'static str, args: &[String]) -> Result<Daemon, Error> {
+        Daemon::spawn(
+            &self.bins.path(name),
+            args,
+            self.dir.join(format!("{name}.log")),
+        )
+    }
+}
+
+fn port() -> Result<u16, Error> {
+    free_port().map_err(|e| Error::io("find a free loopback port", e))
+}
+
+fn random_hex() -> String {
+    let mut bytes = [0u8; 16];
+    // /dev/urandom: no extra dependency for a token only this machine sees.
+    if let Ok(mut f) = std::fs::File::open("/dev/urandom") {
+        use std::io::Read;
+        let _ = f.read_exact(&mut bytes);
+    }
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A kubeconfig for `server` with the cluster's CA and a bearer token.
+pub(crate) fn kubeconfig_text(name: &str, server: &str, ca: &Path, token: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: {name}\n  cluster:\n    server: {server}\n    certificate-authority: {}\nusers:\n- name: {name}-admin\n  user:\n    token: {token}\ncontexts:\n- name: {name}\n  context:\n    cluster: {name}\n    user: {name}-admin\n    namespace: default\ncurrent-context: {name}\n",
+        ca.display()
+    )
+}
+
+/// A client for a kubeconfig file.
+pub async fn client_for(kubeconfig: &Path) -> Result<kube::Client, Error> {
+    let config = kube::config::Kubeconfig::read_from(kubeconfig)
+        .map_err(|e| Error::Client(format!("read {}: {e}", kubeconfig.display())))?;
+    let config = kube::Config::from_custom_kubeconfig(config, &Default::default())
+        .await
+        .map_err(|e| Error::Client(e.to_string()))?;
+    kube::Client::try_from(config).map_err(|e| Error::Client(e.to_string()))
+}
+
+impl LocalCluster {
+    /// Starts a control plane and its node agent and waits until the API server is ready and
+    /// the node is registered. Blocks: from async code call it in `spawn_blocking`.
+    pub fn start(options: Options) -> Result<Self, Error> {
+        let bins = match options.binaries.clone() {
+            Some(b) => b,
+            None => Binaries::locate()?,
+        };
+        let dir = match &options.dir {
+            Some(path) => {
+                std::fs::create_dir_all(path)
+                    .map_err(|e| Error::io("create the cluster directory", e))?;
+                Dir::Kept(path.clone())
+            }
+            None => Dir::Temporary(
+                tempfile::Builder::new()
+                    .prefix(&format!("localcluster-{}-", options.name))
+                    .tempdir()
+                    .map_err(|e| Error::io("create the cluster directory", e))?,
+            ),
+        };
+        let path = dir.path().to_path_buf();
+        let pki = Pki::generate(&path.join("pki"))?;
+        let token = random_hex();
+        let tokens = path.join("tokens.csv");
+        std::fs::write(&tokens, format!("{token},admin,admin,system:masters\n"))
+            .map_err(|e| Error::io("write the token file", e))?;
+        let layout = Layout {
+            bins,
+            etcd_client_port: port()?,
+            etcd_peer_port: port()?,
+            apiserver_port: port()?,
+            kubeconfig: path.join("kubeconfig"),
+            tokens,
+            pki,
+            dir: path,
+        };
+        let server = format!("https://127.0.0.1:{}", layout.apiserver_port);
+        std::fs::write(
+            &layout.kubeconfig,
+            kubeconfig_text(&options.name, &server, &layout.pki.ca_cert, &token),
+        )
+        .map_err(|e| Error::io("write the kubeconfig", e))?;
+
+        let (requests, requests_rx) = mpsc::unbounded_channel();
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let apiserver_port = layout.apiserver_port;
+        let name = options.name.clone();
+        let timeout = options.ready_timeout;
+        let thread = std::thread::Builder::new()
+            .name(format!("localcluster-{name}"))
+            .spawn(move || run_cluster(layout, name, timeout, requests_rx, ready_tx))
+            .map_err(|e| Error::io("start the cluster thread", e))?;
+        let version = match ready_rx.recv() {
+            Ok(Ok(version)) => version,
+            Ok(Err(e)) => {
+                let _ = thread.join();
+                return Err(e);
+            }
+            Err(_) => {
+                let _ = thread.join();
+                return Err(Error::Gone);
+            }
+        };
+        Ok(Self {
+            name: options.name,
+            apiserver_port,
+            token,
+            version,
+            requests,
+            path: dir.path().to_path_buf(),
+            owned: Mutex::new(Some((thread, dir))),
+        })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.path
+    }
+
+    /// The admin kubeconfig (`system:masters`).
+    pub fn kubeconfig(&self) -> PathBuf {
+        self.dir().join("kubeconfig")
+    }
+
+    pub fn ca_cert(&self) -> PathBuf {
+        self.dir().join("pki/ca.crt")
+    }
+
+    /// `https://127.0.0.1:PORT`.
+    pub fn server(&self) -> String {
+        format!("https://127.0.0.1:{}", self.apiserver_port)
+    }
+
+    pub fn apiserver_addr(&self) -> String {
+        format!("127.0.0.1:{}", self.apiserver_port)
+    }
+
+    /// The version the API server reports (`/version`'s gitVersion).
+    pub fn version(&self) -> &str {
+        &self.version
+    }
+
+    /// An admin kubeconfig that reaches the API server at `server` instead (a proxy in front
+    /// of it: the serving certificate names 127.0.0.1, so any loopback port verifies).
+    pub fn kubeconfig_via(&self, server: &str, file_name: &str) -> Result<PathBuf, Error> {
+        let path = self.dir().join(file_name);
+        std::fs::write(
+            &path,
+            kubeconfig_text(&self.name, server, &self.ca_cert(), &self.token),
+        )
+        .map_err(|e| Error::io("write a kubeconfig", e))?;
+        Ok(path)
+    }
+
+    pub async fn client(&self) -> Result<kube::Client, Error> {
+        client_for(&self.kubeconfig()).await
+    }
+
+    /// Stops kube-apiserver (SIGTERM, then SIGKILL): the API server is down until
+    /// `start_apiserver`.
+    pub fn stop_apiserver(&self) -> Result<(), Error> {
+        let (tx, rx) = oneshot::channel();
+        self.requests
+            .send(Request::StopApiserver(tx))
+            .map_err(|_| Error::Gone)?;
+        rx.blocking_recv().map_err(|_| Error::Gone)
+    }
+
+    /// Starts kube-apiserver again on the same port and waits until it is ready.
+    pub fn start_apiserver(&self) -> Result<(), Error> {
+        let (tx, rx) = oneshot::channel();
+        self.requests
+            .send(Request::StartApiserver(tx))
+            .map_err(|_| Error::Gone)?;
+        rx.blocking_recv().map_err(|_| Error::Gone)?
+    }
+
+    /// Stops every process and removes the directory (unless it was given to keep).
+    fn shutdown(&self) {
+        let owned = self.owned.lock().ok().and_then(|mut o| o.take());
+        if let Some((thread, dir)) = owned {
+            let _ = self.requests.send(Request::Shutdown);
+            let _ = thread.join();
+            drop(dir);
+        }
+    }
+}
+
+impl Drop for LocalCluster {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+/// The cluster's thread: starts the processes and the agent, then serves requests until
+/// shutdown. Processes started here die with this thread (PDEATHSIG) if anything goes wrong.
+fn run_cluster(
+    layout: Layout,
+    name: String,
+    timeout: Duration,
+    mut requests: mpsc::UnboundedReceiver<Request>,
+    ready: std::sync::mpsc::Sender<Result<String, Error>>,
+) {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            let _ = ready.send(Err(Error::io("start the cluster runtime", e)));
+            return;
+        }
+    };
+    runtime.block_on(async move {
+        let mut started = match start_control_plane(&layout, &name, timeout).await {
+            Ok(s) => s,
+            Err(e) => {
+                let _ = ready.send(Err(e));
+                return;
+            }
+        };
+        let _ = ready.send(Ok(started.version.clone()));
+        while let Some(request) = requests.recv().await {
+            match request {
+                Request::StopApiserver(reply) => {
+                    // Blocks the agent for the few seconds kube-apiserver takes to stop:
+                    // nothing it does matters while the API server is going away.
+                    if let Some(mut apiserver) = started.apiserver.take() {
+                        apiserver.stop(Duration::from_secs(5));
+                    }
+                    let _ = reply.send(());
+                }
+                Request::StartApiserver(reply) => {
+                    let result = match started.apiserver {
+                        Some(_) => Ok(()),
+                        None => start_apiserver(&layout, timeout).await.map(|(a, _)| {
+                            started.apiserver = Some(a);
+                        }),
+                    };
+                    let _ = reply.send(result);
+                }
+                Request::Shutdown => break,
+            }
+        }
+        started.agent.stop().await;
+        // Controllers first, so none of them acts on a half-stopped cluster.
+        for mut daemon in started.daemons.drain(..).rev() {
+            daemon.stop(Duration::from_secs(2));
+        }
+        if let Some(mut apiserver) = started.apiserver.take() {
+            apiserver.stop(Duration::from_secs(2));
+        }
+        started.etcd.stop(Duration::from_secs(2));
+    });
+}
+
+struct Started {
+    etcd: Daemon,
+    apiserver: Option<Daemon>,
+    /// Controller manager and scheduler.
+    daemons: Vec<Daemon>,
+    agent: NodeAgent,
+    version: String,
+}
+
+async fn start_control_plane(
+    layout: &Layout,
+    name: &str,
+    timeout: Duration,
+) -> Result<Started, Error> {
+    let etcd = layout.spawn("etcd", &layout.etcd_args())?;
+    let (apiserver, version) = start_apiserver(layout, timeout).await?;
+    let daemons = vec![
+        layout.spawn(
+            "kube-controller-manager",
+            &layout.controller_manager_args()?,
+        )?,
+        layout.spawn("kube-scheduler", &layout.component_args(port()?))?,
+    ];
+    let client = client_for(&layout.kubeconfig).await?;
+    let agent = NodeAgent::start(
+        client,
+        AgentConfig {
+            node_name: format!("{name}-node"),
+            kubelet_version: version.clone(),
+            dir: layout.dir.join("node"),
+            cert: layout.pki.kubelet_cert.clone(),
+            key: layout.pki.kubelet_key.clone(),
+            apiserver_port: layout.apiserver_port,
+            ca_cert: layout.pki.ca_cert.clone(),
+        },
+    )
+    .await?;
+    Ok(Started {
+        etcd,
+        apiserver: Some(apiserver),
+        daemons,
+        agent,
+        version,
+    })
+}
+
+/// Starts kube-apiserver and waits for `/readyz`; returns it with the version it reports.
+async fn start_apiserver(layout: &Layout, timeout: Duration) -> Result<(Daemon, String), Error> {
+    let mut apiserver = layout.spawn("kube-apiserver", &layout.apiserver_args())?;
+    let client = client_for(&layout.kubeconfig).await?;
+    let deadline = Instant::now() + timeout;
+    loop {
+        let request = http::Request::get("/readyz")
+            .body(Vec::new())
+            .map_err(|e| Error::Client(e.to_string()))?;
+        if let Ok(text) = client.request_text(request).await {
+            if text.trim() == "ok" {
+                break;
+            }
+        }
+        if let Some(status) = apiserver.exited() {
+            return Err(Error::Exited {
+                process: "kube-apiserver",
+                status,
+                log: apiserver.log_path().to_path_buf(),
+                tail: apiserver.log_tail(30),
+            });
+        }
+        if Instant::now() >= deadline {
+            return Err(Error::NotReady {
+                process: "kube-apiserver",
+                seconds: timeout.as_secs(),
+                log: apiserver.log_path().to_path_buf(),
+                tail: apiserver.log_tail(30),
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let version = client
+        .apiserver_version()
+        .await
+        .map_err(|e| Error::Client(format!("read /version: {e}")))?
+        .git_version;
+    Ok((apiserver, version))
+}
+
+type SharedClusters = Mutex<HashMap<&'static str, &'static LocalCluster>>;
+
+static SHARED: OnceLock<SharedClusters> = OnceLock::new();
+
+/// Statics are never dropped: the shared clusters are stopped when the process exits.
+extern "C" fn stop_shared_clusters() {
+    if let Some(Ok(map)) = SHARED.get().map(Mutex::lock) {
+        for cluster in map.values() {
+            cluster.shutdown();
+        }
+    }
+}
+
+/// A cluster shared by every test of this process under `name`, started on first use and
+/// stopped when the process exits. Tests isolate themselves in namespaces of their own.
+pub fn shared(name: &'static str) -> Result<&'static LocalCluster, Error> {
+    let clusters = SHARED.get_or_init(|| {
+        // SAFETY: registers a plain extern "C" function with no arguments.
+        unsafe { libc::atexit(stop_shared_clusters) };
+        Mutex::new(HashMap::new())
+    });
+    let mut map = clusters.lock().map_err(|_| Error::Gone)?;
+    if let Some(cluster) = map.get(name) {
+        return Ok(cluster);
+    }
+    let cluster: &'static LocalCluster =
+        Box::leak(Box::new(LocalCluster::start(Options::named(name))?));
+    map.insert(name, cluster);
+    Ok(cluster)
+}

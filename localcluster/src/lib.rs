@@ -1,0 +1,71 @@
+//! A real Kubernetes control plane on loopback, for lockedjob-operator's tests and for people
+//! trying the operator: etcd, kube-apiserver, kube-controller-manager and kube-scheduler, built
+//! from Go modules by `scripts/k8s-bins.sh`, each a process in a directory of the cluster's
+//! own; plus a node agent — the one simulated part — that registers a Node and runs the pods
+//! the real scheduler binds to it as local processes.
+//!
+//! Test support and a dev tool, not product code: nothing in the `lockedjob` crate uses it.
+//!
+//! ```no_run
+//! let cluster = localcluster::LocalCluster::start(localcluster::Options::named("demo"))?;
+//! println!("kubectl --kubeconfig {} get nodes", cluster.kubeconfig().display());
+//! # Ok::<(), localcluster::Error>(())
+//! ```
+
+pub mod agent;
+mod binaries;
+mod cluster;
+mod pki;
+mod ports;
+mod process;
+
+pub use binaries::{Binaries, BIN_DIR_ENV};
+pub use cluster::{shared, LocalCluster, Options};
+pub use pki::Pki;
+pub use ports::free_port;
+
+use std::path::PathBuf;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{what}: {source}")]
+    Io {
+        what: &'static str,
+        source: std::io::Error,
+    },
+    #[error("{what}: {source}")]
+    Pki {
+        what: &'static str,
+        source: rcgen::Error,
+    },
+    #[error("{name} not found in {dir}: run scripts/k8s-bins.sh (or point {BIN_DIR_ENV} at the directory it prints)")]
+    MissingBinary { name: &'static str, dir: PathBuf },
+    #[error("{script} failed ({status}); its messages above say why (is Go 1.26 installed?)")]
+    BuildScript { script: PathBuf, status: String },
+    #[error(
+        "{process} did not become ready within {seconds} s; last lines of its log ({log}):\n{tail}"
+    )]
+    NotReady {
+        process: &'static str,
+        seconds: u64,
+        log: PathBuf,
+        tail: String,
+    },
+    #[error("{process} exited ({status}); last lines of its log ({log}):\n{tail}")]
+    Exited {
+        process: &'static str,
+        status: String,
+        log: PathBuf,
+        tail: String,
+    },
+    #[error("Kubernetes client: {0}")]
+    Client(String),
+    #[error("the cluster's thread is gone (it stopped or panicked)")]
+    Gone,
+}
+
+impl Error {
+    pub(crate) fn io(what: &'static str, source: std::io::Error) -> Self {
+        Self::Io { what, source }
+    }
+}

@@ -1,0 +1,144 @@
+//! `localcluster up DIR` starts a local control plane and node agent in the foreground (until
+//! Ctrl-C or `localcluster down DIR`); `DIR/kubeconfig` reaches it.
+
+use clap::{Parser, Subcommand};
+use localcluster::{Binaries, LocalCluster, Options};
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+#[derive(Parser)]
+#[command(
+    about = "A real local Kubernetes control plane with a node agent that runs pods as local processes"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Start a fresh cluster in DIR and stay in the foreground until Ctrl-C or `down DIR`.
+    Up {
+        dir: PathBuf,
+        /// The cluster's name (its node is NAME-node).
+        #[arg(long, default_value = "local")]
+        name: String,
+        /// Directory of the binaries (default: $LOCKEDJOB_K8S_BIN, else scripts/k8s-bins.sh).
+        #[arg(long)]
+        bin: Option<PathBuf>,
+    },
+    /// Stop the cluster started with `up DIR`.
+    Down { dir: PathBuf },
+}
+
+const PID_FILE: &str = "localcluster.pid";
+
+fn up(dir: &Path, name: String, bin: Option<PathBuf>) -> Result<(), String> {
+    if let Some(pid) = running_pid(dir) {
+        return Err(format!(
+            "a cluster already runs in {} (pid {pid}): `localcluster down {}` first",
+            dir.display(),
+            dir.display()
+        ));
+    }
+    // A fresh cluster each time: the CA and keys are new, so old data would not verify.
+    for stale in ["etcd", "node"] {
+        let _ = std::fs::remove_dir_all(dir.join(stale));
+    }
+    let binaries = bin
+        .map(Binaries::in_dir)
+        .transpose()
+        .map_err(|e| e.to_string())?;
+    let started = Instant::now();
+    eprintln!("starting etcd, kube-apiserver, kube-controller-manager, kube-scheduler and the node agent in {}", dir.display());
+    let cluster = LocalCluster::start(Options {
+        binaries,
+        dir: Some(dir.to_path_buf()),
+        ..Options::named(&name)
+    })
+    .map_err(|e| e.to_string())?;
+    std::fs::write(dir.join(PID_FILE), std::process::id().to_string())
+        .map_err(|e| format!("write {PID_FILE}: {e}"))?;
+    eprintln!(
+        "ready in {:.1} s: Kubernetes {} at {}, node {name}-node; logs in {}",
+        started.elapsed().as_secs_f64(),
+        cluster.version(),
+        cluster.server(),
+        dir.display()
+    );
+    eprintln!(
+        "  kubectl --kubeconfig {} get nodes",
+        cluster.kubeconfig().display()
+    );
+    eprintln!("Ctrl-C or `localcluster down {}` stops it", dir.display());
+    println!("{}", cluster.kubeconfig().display());
+
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    runtime.block_on(async {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .map_err(|e| e.to_string())?;
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+        Ok::<(), String>(())
+    })?;
+    eprintln!("stopping");
+    drop(cluster);
+    let _ = std::fs::remove_file(dir.join(PID_FILE));
+    Ok(())
+}
+
+fn running_pid(dir: &Path) -> Option<i32> {
+    let pid: i32 = std::fs::read_to_string(dir.join(PID_FILE))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    kill(Pid::from_raw(pid), None).ok().map(|_| pid)
+}
+
+fn down(dir: &Path) -> Result<(), String> {
+    let Some(pid) = running_pid(dir) else {
+        return Err(format!("no cluster runs in {}", dir.display()));
+    };
+    kill(Pid::from_raw(pid), Signal::SIGTERM).map_err(|e| e.to_string())?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while kill(Pid::from_raw(pid), None).is_ok() {
+        if Instant::now() > deadline {
+            return Err(format!("pid {pid} still running after 30 s"));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    eprintln!("stopped the cluster in {}", dir.display());
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                // kube's client logs every refused /readyz poll while the API server starts.
+                .unwrap_or_else(|_| "warn,kube_client=off".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Up { dir, name, bin } => up(&dir, name, bin),
+        Command::Down { dir } => down(&dir),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("localcluster: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# Builds the real control plane from Go modules, once per pinned version, into a cache:
+#   kube-apiserver kube-controller-manager kube-scheduler kubectl  (k8s.io/kubernetes)
+#   etcd                                                           (go.etcd.io/etcd/server/v3)
+#   helm                                                           (helm.sh/helm/v4)
+# Versions: scripts/k8s-versions.env. Cache: $LOCKEDJOB_K8S_CACHE (default
+# ~/.cache/lockedjob/k8s). Progress goes to stderr; the last line of stdout is the directory
+# holding the binaries, so `bin=$(scripts/k8s-bins.sh | tail -n1)` works.
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+# shellcheck source=k8s-versions.env
+source "$here/k8s-versions.env"
+
+say() { printf '[k8s-bins] %s\n' "$*" >&2; }
+
+if ! command -v go >/dev/null; then
+  say "error: Go is not installed (or not on PATH). The control plane is built from Go modules:"
+  say "install Go 1.26 or newer (Debian: golang-go is too old; use the toolchain of this machine image)"
+  exit 1
+fi
+
+cache_root="${LOCKEDJOB_K8S_CACHE:-$HOME/.cache/lockedjob/k8s}"
+bin="$cache_root/kubernetes-$KUBERNETES_VERSION-etcd-$ETCD_VERSION-helm-$HELM_VERSION/bin"
+all=(kube-apiserver kube-controller-manager kube-scheduler kubectl etcd helm)
+
+complete() { for b in "${all[@]}"; do [ -x "$bin/$b" ] || return 1; done; }
+if complete; then
+  say "cached: $bin"
+  echo "$bin"
+  exit 0
+fi
+
+mkdir -p "$bin"
+export CGO_ENABLED=0 GOFLAGS=-mod=mod GOTOOLCHAIN=local
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+
+# Scratch module whose go.mod replaces every module that $1's go.mod replaces with a local
+# path ("=> ./x" or "=> ../x") by the published module at version $2.
+scratch_module() {
+  local dir="$1" module="$2" version="$3" staging_version="$4" gomod
+  mkdir -p "$dir"
+  (
+    cd "$dir"
+    go mod init lockedjob.local/build >/dev/null 2>&1
+    gomod="$(go mod download -json "$module@$version" | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",$/\1/p')"
+    [ -n "$gomod" ] || { say "error: go mod download $module@$version gave no go.mod"; exit 1; }
+    # Lines like "k8s.io/api => ./staging/src/k8s.io/api" (inside or outside a replace block).
+    grep -E '^[[:space:]]*(replace[[:space:]]+)?[^[:space:]]+[[:space:]]+=>[[:space:]]+\.\.?/' "$gomod" \
+      | sed -E 's/^[[:space:]]*(replace[[:space:]]+)?//' | awk '{print $1}' | sort -u \
+      | while read -r dep; do
+          [ "$dep" = "go.etcd.io/etcd" ] || [ "$dep" = "go.etcd.io/tests/v3" ] && continue
+          go mod edit -replace "$dep=$dep@$staging_version"
+        done
+    go mod edit -require "$module@$version"
+  )
+}
+
+# $1 = directory, $2 = the module's version, $3 = extra ldflags, rest = packages to build.
+build_tools() {
+  local dir="$1" version="$2" ldflags="$3"; shift 3
+  (
+    cd "$dir"
+    # @version: without it `go get` would move the module to its newest release.
+    for pkg in "$@"; do go get -tool "$pkg@$version" >&2; done
+    go build -trimpath -ldflags "-s -w $ldflags" -o "$bin/" "$@"
+  )
+}
+
+step=0; steps=3
+progress() { step=$((step + 1)); say "building $step/$steps: $* (a cold build takes many minutes on 2 cores)"; }
+
+if ! [ -x "$bin/kube-apiserver" ] || ! [ -x "$bin/kube-controller-manager" ] \
+  || ! [ -x "$bin/kube-scheduler" ] || ! [ -x "$bin/kubectl" ]; then
+  progress "kube-apiserver kube-controller-manager kube-scheduler kubectl $KUBERNETES_VERSION"
+  minor="${KUBERNETES_VERSION#v1.}"; minor="${minor%%.*}"
+  staging="v0.${KUBERNETES_VERSION#v1.}"
+  say "downloading k8s.io/kubernetes@$KUBERNETES_VERSION (staging modules at $staging)"
+  scratch_module "$work/kubernetes" k8s.io/kubernetes "$KUBERNETES_VERSION" "$staging"
+  stamp=""
+  for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    stamp+=" -X $p.gitVersion=$KUBERNETES_VERSION -X $p.gitMajor=1 -X $p.gitMinor=$minor"
+    stamp+=" -X $p.gitTreeState=clean -X $p.buildDate=1970-01-01T00:00:00Z"
+  done
+  build_tools "$work/kubernetes" "$KUBERNETES_VERSION" "$stamp" \
+    k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
+    k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl
+else step=$((step + 1)); fi
+
+if ! [ -x "$bin/etcd" ]; then
+  progress "etcd $ETCD_VERSION"
+  scratch_module "$work/etcd" go.etcd.io/etcd/server/v3 "$ETCD_VERSION" "$ETCD_VERSION"
+  build_tools "$work/etcd" "$ETCD_VERSION" "-X go.etcd.io/etcd/api/v3/version.GitSHA=$ETCD_VERSION" go.etcd.io/etcd/server/v3
+  # go names the binary after the package's directory, "server".
+  mv "$bin/server" "$bin/etcd"
+else step=$((step + 1)); fi
+
+if ! [ -x "$bin/helm" ]; then
+  progress "helm $HELM_VERSION"
+  GOBIN="$bin" go install -trimpath -ldflags "-s -w -X helm.sh/helm/v4/internal/version.version=$HELM_VERSION" \
+    "helm.sh/helm/v4/cmd/helm@$HELM_VERSION"
+fi
+
+complete || { say "error: build finished but binaries are missing in $bin"; exit 1; }
+say "done: $(cd "$bin" && echo "${all[*]}")"
+echo "$bin"
