@@ -21,6 +21,8 @@ use std::time::Duration;
 use tracing::Instrument;
 
 const MAX_REQUEUE: Duration = Duration::from_secs(300);
+/// Fallback retry of a status write another replica won (the watch usually comes first).
+const CONFLICT_PAUSE: Duration = Duration::from_secs(2);
 
 pub fn error_policy(lj: Arc<LockedJob>, error: &Error, _ctx: Arc<Context>) -> Action {
     tracing::warn!(namespace = ?lj.namespace(), name = %lj.name_any(), %error, "reconcile failed; retrying");
@@ -330,8 +332,12 @@ async fn reconcile_inner(
             .await
         {
             Ok(_) => {}
+            // Another replica wrote first: its version reaches us through the watch and
+            // reconciles again anyway. Retrying at once made three replicas whose Job caches
+            // lag each other fight over `active` (130 conflicts/s at 200 LockedJobs on a real
+            // API server), so the fallback comes late and jittered.
             Err(kube::Error::Api(s)) if s.code == 409 => {
-                return Ok(Action::requeue(Duration::from_millis(200)))
+                return Ok(Action::requeue(super::run::jittered(CONFLICT_PAUSE)))
             }
             Err(e) => return Err(e.into()),
         }

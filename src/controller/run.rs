@@ -224,7 +224,7 @@ const FAILED_PAUSE: Duration = Duration::from_millis(500);
 
 /// `pause` scaled by a random factor in [0.5, 1.5), so replicas that failed together do not
 /// retry together.
-fn jittered(pause: Duration) -> Duration {
+pub(super) fn jittered(pause: Duration) -> Duration {
     pause.mul_f64(0.5 + rand::random::<f64>())
 }
 
