@@ -81,7 +81,7 @@ async fn two_hundred(lab: Lab) {
         .collect();
     // How long the control plane took from a Job's creation to its completion: a Job still
     // active holds the LockedJob's next due time back (concurrencyPolicy Forbid).
-    let mut durations: Vec<i64> = jobs
+    let durations: Vec<i64> = jobs
         .list(&Default::default())
         .await
         .expect("list Jobs")
@@ -93,13 +93,10 @@ async fn two_hundred(lab: Lab) {
             Some(done - created)
         })
         .collect();
-    durations.sort_unstable();
     println!(
-        "Job creation to completion (s): {} completed, p50 {:?} p99 {:?} max {:?}",
+        "{} Jobs completed; creation to completion (s): {}",
         durations.len(),
-        durations.get(durations.len() / 2),
-        durations.get(durations.len() * 99 / 100),
-        durations.last()
+        percentiles(durations)
     );
     let runs = lab.journal.runs().await;
     let logs = logs_of(&lab.replicas);
@@ -141,14 +138,10 @@ async fn two_hundred(lab: Lab) {
             }
         }
     }
-    let mut lags: Vec<i64> = started.iter().map(|(_, _, lag)| *lag).collect();
-    lags.sort_unstable();
     println!(
-        "{} Jobs created; lag (s, creationTimestamp - scheduled): p50 {:?} p99 {:?} max {:?}",
+        "{} Jobs created; lag (s, creationTimestamp - scheduled): {}",
         started.len(),
-        lags.get(lags.len() / 2),
-        lags.get(lags.len() * 99 / 100),
-        lags.last()
+        percentiles(started.iter().map(|(_, _, lag)| *lag).collect())
     );
     assert!(twice.is_empty(), "a due time ran twice: {twice:?}");
     // On failure, what the replicas said about the first missing LockedJob.
@@ -174,4 +167,15 @@ async fn two_hundred(lab: Lab) {
         due.len(),
         runs.len()
     );
+}
+
+/// "p50 .. p99 .. max .." of whole seconds, for the scenario's report.
+fn percentiles(mut values: Vec<i64>) -> String {
+    values.sort_unstable();
+    format!(
+        "p50 {:?} p99 {:?} max {:?}",
+        values.get(values.len() / 2),
+        values.get(values.len() * 99 / 100),
+        values.last()
+    )
 }
