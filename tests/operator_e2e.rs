@@ -375,7 +375,11 @@ async fn holder_cut_off(lab: Lab) {
     proxy.set_mode(ProxyMode::Reject);
     tokio::time::sleep(Duration::from_secs(8)).await;
     proxy.set_mode(ProxyMode::Forward);
-    tokio::time::sleep(Duration::from_secs(10)).await;
+    // The cut-off replica's watches back off while its API server is unreachable (seconds,
+    // growing): wait for the runs to go on rather than for a fixed time.
+    lab.journal
+        .wait_for(c.secs(30.0), |runs| runs.len() >= 3)
+        .await;
     let status = api.get("cut").await.expect("get").status.expect("status");
     let logs = logs_of(&lab.replicas);
     assert!(
