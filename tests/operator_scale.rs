@@ -50,11 +50,12 @@ async fn two_hundred(lab: Lab) {
     }
     // Runs started = Jobs created (their pods may still be queued behind the Job controller).
     let jobs: Api<k8s_openapi::api::batch::v1::Job> = c.api();
-    let started: Vec<(String, i64, i64)> = jobs
+    let all_jobs = jobs
         .list(&Default::default())
         .await
         .expect("list Jobs")
-        .items
+        .items;
+    let started: Vec<(String, i64, i64)> = all_jobs
         .iter()
         .filter_map(|job| {
             let owner = job
@@ -81,11 +82,7 @@ async fn two_hundred(lab: Lab) {
         .collect();
     // How long the control plane took from a Job's creation to its completion: a Job still
     // active holds the LockedJob's next due time back (concurrencyPolicy Forbid).
-    let durations: Vec<i64> = jobs
-        .list(&Default::default())
-        .await
-        .expect("list Jobs")
-        .items
+    let durations: Vec<i64> = all_jobs
         .iter()
         .filter_map(|job| {
             let created = job.metadata.creation_timestamp.as_ref()?.0.as_second();
