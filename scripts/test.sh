@@ -30,6 +30,9 @@ echo "   $LOCKEDJOB_K8S_BIN ($(( $(date +%s) - started )) s)"
 export LOCKEDJOB_K8S_BIN
 # helm and kubectl for the chart and kubectl tests: the ones built with the control plane.
 export PATH="$LOCKEDJOB_K8S_BIN:$PATH"
+# ServiceMonitor and PrometheusRule CRDs for the chart's monitoring objects (tests/helm.rs).
+LOCKEDJOB_MONITORING_CRDS="$(scripts/monitoring-crds.sh | tail -n1)"
+export LOCKEDJOB_MONITORING_CRDS
 
 echo "== cargo fmt --check"
 cargo fmt --all -- --check

@@ -2,7 +2,8 @@
 //! values against `values.schema.json` (good and deliberately bad values files), the CRD it
 //! ships, the values its templates use, its Redis configuration and start-up script run for
 //! real with `redis-server`, and Kubernetes' own schemas (`kubernetes-validate`) for the CRD and
-//! the Job templates of the examples. `helm lint`/`helm template` run when helm is installed.
+//! the Job templates of the examples; `helm lint --strict` and `helm template` with the default
+//! values and every `ci/` file (helm from scripts/k8s-bins.sh). `tests/helm.rs` installs it.
 
 mod support;
 
@@ -346,14 +347,23 @@ fn manifests_validate_against_kubernetes_schemas() {
     }
 }
 
+/// The helm built with the control plane (scripts/k8s-bins.sh), never skipped.
+fn helm() -> Command {
+    let bins = localcluster::Binaries::locate()
+        .unwrap_or_else(|e| panic!("helm comes with the control plane binaries: {e}"));
+    let mut command = Command::new(bins.path("helm"));
+    let home = std::env::temp_dir().join(format!("lockedjob-chart-helm-{}", std::process::id()));
+    command
+        .env("HELM_CONFIG_HOME", home.join("config"))
+        .env("HELM_CACHE_HOME", home.join("cache"))
+        .env("HELM_DATA_HOME", home.join("data"));
+    command
+}
+
 #[test]
-fn helm_lint_and_template_when_helm_is_installed() {
-    if Command::new("helm").arg("version").output().is_err() {
-        println!("skipped: helm not installed (helm lint / helm template not run)");
-        return;
-    }
+fn helm_lint_and_template_with_default_and_every_ci_values_file() {
     let chart = repo(CHART);
-    let lint = Command::new("helm")
+    let lint = helm()
         .args(["lint", "--strict"])
         .arg(&chart)
         .output()
@@ -363,19 +373,41 @@ fn helm_lint_and_template_when_helm_is_installed() {
         "{}",
         String::from_utf8_lossy(&lint.stdout)
     );
-    for values in files_in(&repo(&format!("{CHART}/ci")), "yaml") {
-        let out = Command::new("helm")
-            .args(["template", "t", "--namespace", "locks", "-f"])
-            .arg(&values)
+    let mut values_files: Vec<Option<PathBuf>> = vec![None];
+    values_files.extend(
+        files_in(&repo(&format!("{CHART}/ci")), "yaml")
+            .into_iter()
+            .map(Some),
+    );
+    // Every optional object on, so each template renders at least once.
+    let all_on = [
+        "--set",
+        "metrics.serviceMonitor.enabled=true,metrics.prometheusRule.enabled=true,redis.exporter.enabled=true",
+    ];
+    for values in values_files {
+        let mut command = helm();
+        command.args(["template", "t", "--namespace", "locks"]);
+        if let Some(values) = &values {
+            command.arg("-f").arg(values);
+        }
+        let out = command
+            .args(all_on)
             .arg(&chart)
             .output()
             .expect("helm template");
         assert!(
             out.status.success(),
-            "{}: {}",
-            values.display(),
+            "{values:?}: {}",
             String::from_utf8_lossy(&out.stderr)
         );
+        let text = String::from_utf8_lossy(&out.stdout);
+        for kind in [
+            "kind: Deployment",
+            "kind: PrometheusRule",
+            "kind: ServiceMonitor",
+        ] {
+            assert!(text.contains(kind), "{values:?} renders {kind}");
+        }
     }
 }
 

@@ -5,7 +5,7 @@
 use crate::agent::{AgentConfig, NodeAgent};
 use crate::process::Daemon;
 use crate::{free_port, Binaries, Error, Pki};
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -22,6 +22,9 @@ pub struct Options {
     pub dir: Option<PathBuf>,
     /// How long to wait for each component to become ready.
     pub ready_timeout: Duration,
+    /// Image repository (no tag) -> the local program its containers run when they name no
+    /// command (the node agent runs no images).
+    pub images: BTreeMap<String, PathBuf>,
 }
 
 impl Options {
@@ -31,6 +34,7 @@ impl Options {
             binaries: None,
             dir: None,
             ready_timeout: Duration::from_secs(180),
+            images: BTreeMap::new(),
         }
     }
 }
@@ -77,6 +81,7 @@ struct Layout {
     apiserver_port: u16,
     kubeconfig: PathBuf,
     tokens: PathBuf,
+    images: BTreeMap<String, PathBuf>,
 }
 
 impl Layout {
@@ -206,6 +211,23 @@ impl LocalCluster {
     /// Starts a control plane and its node agent and waits until the API server is ready and
     /// the node is registered. Blocks: from async code call it in `spawn_blocking`.
     pub fn start(options: Options) -> Result<Self, Error> {
+        // Ports are picked free and bound by the components a moment later; another process
+        // can take one in between. That failure is retried on fresh ports, nothing else is.
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            match Self::start_once(&options) {
+                Err(e) if attempts < 3 && e.is_port_taken() => {
+                    eprintln!(
+                        "localcluster: a port was taken while starting ({e}); again on fresh ports"
+                    );
+                }
+                result => return result,
+            }
+        }
+    }
+
+    fn start_once(options: &Options) -> Result<Self, Error> {
         let bins = match options.binaries.clone() {
             Some(b) => b,
             None => Binaries::locate()?,
@@ -238,6 +260,7 @@ impl LocalCluster {
             tokens,
             pki,
             dir: path,
+            images: options.images.clone(),
         };
         let server = format!("https://127.0.0.1:{}", layout.apiserver_port);
         std::fs::write(
@@ -267,7 +290,7 @@ impl LocalCluster {
             }
         };
         Ok(Self {
-            name: options.name,
+            name: options.name.clone(),
             apiserver_port,
             token,
             version,
@@ -456,6 +479,7 @@ async fn start_control_plane(
             key: layout.pki.kubelet_key.clone(),
             apiserver_port: layout.apiserver_port,
             ca_cert: layout.pki.ca_cert.clone(),
+            images: layout.images.clone(),
         },
     )
     .await?;
@@ -524,6 +548,14 @@ extern "C" fn stop_shared_clusters() {
 /// A cluster shared by every test of this process under `name`, started on first use and
 /// stopped when the process exits. Tests isolate themselves in namespaces of their own.
 pub fn shared(name: &'static str) -> Result<&'static LocalCluster, Error> {
+    shared_with(name, || Options::named(name))
+}
+
+/// `shared`, started with the options `options` gives (called only if it must start).
+pub fn shared_with(
+    name: &'static str,
+    options: impl FnOnce() -> Options,
+) -> Result<&'static LocalCluster, Error> {
     let clusters = SHARED.get_or_init(|| {
         // SAFETY: registers a plain extern "C" function with no arguments.
         unsafe { libc::atexit(stop_shared_clusters) };
@@ -533,8 +565,7 @@ pub fn shared(name: &'static str) -> Result<&'static LocalCluster, Error> {
     if let Some(cluster) = map.get(name) {
         return Ok(cluster);
     }
-    let cluster: &'static LocalCluster =
-        Box::leak(Box::new(LocalCluster::start(Options::named(name))?));
+    let cluster: &'static LocalCluster = Box::leak(Box::new(LocalCluster::start(options())?));
     map.insert(name, cluster);
     Ok(cluster)
 }

@@ -20,7 +20,7 @@ mod ports;
 mod process;
 
 pub use binaries::{Binaries, BIN_DIR_ENV};
-pub use cluster::{shared, LocalCluster, Options};
+pub use cluster::{shared, shared_with, LocalCluster, Options};
 pub use pki::Pki;
 pub use ports::free_port;
 
@@ -65,6 +65,16 @@ pub enum Error {
 }
 
 impl Error {
+    /// A component could not bind its port (another process took it after it was picked).
+    pub fn is_port_taken(&self) -> bool {
+        match self {
+            Error::Exited { tail, .. } | Error::NotReady { tail, .. } => {
+                tail.contains("address already in use")
+            }
+            _ => false,
+        }
+    }
+
     pub(crate) fn io(what: &'static str, source: std::io::Error) -> Self {
         Self::Io { what, source }
     }

@@ -29,6 +29,10 @@ enum Command {
         /// Directory of the binaries (default: $LOCKEDJOB_K8S_BIN, else scripts/k8s-bins.sh).
         #[arg(long)]
         bin: Option<PathBuf>,
+        /// REPOSITORY=PROGRAM: containers of that image (any tag) that name no command run
+        /// PROGRAM, e.g. ghcr.io/lockedjob/lockedjob-operator=target/debug/lockedjob.
+        #[arg(long = "image", value_parser = parse_image)]
+        images: Vec<(String, PathBuf)>,
     },
     /// Stop the cluster started with `up DIR`.
     Down { dir: PathBuf },
@@ -36,7 +40,22 @@ enum Command {
 
 const PID_FILE: &str = "localcluster.pid";
 
-fn up(dir: &Path, name: String, bin: Option<PathBuf>) -> Result<(), String> {
+fn parse_image(text: &str) -> Result<(String, PathBuf), String> {
+    let (repository, program) = text
+        .split_once('=')
+        .filter(|(r, p)| !r.is_empty() && !p.is_empty())
+        .ok_or_else(|| format!("{text:?}: expected REPOSITORY=PROGRAM"))?;
+    let program = std::fs::canonicalize(program)
+        .map_err(|e| format!("{program}: {e} (the program must exist)"))?;
+    Ok((repository.to_string(), program))
+}
+
+fn up(
+    dir: &Path,
+    name: String,
+    bin: Option<PathBuf>,
+    images: Vec<(String, PathBuf)>,
+) -> Result<(), String> {
     if let Some(pid) = running_pid(dir) {
         return Err(format!(
             "a cluster already runs in {} (pid {pid}): `localcluster down {}` first",
@@ -57,6 +76,7 @@ fn up(dir: &Path, name: String, bin: Option<PathBuf>) -> Result<(), String> {
     let cluster = LocalCluster::start(Options {
         binaries,
         dir: Some(dir.to_path_buf()),
+        images: images.into_iter().collect(),
         ..Options::named(&name)
     })
     .map_err(|e| e.to_string())?;
@@ -131,7 +151,12 @@ fn main() -> ExitCode {
         .init();
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Up { dir, name, bin } => up(&dir, name, bin),
+        Command::Up {
+            dir,
+            name,
+            bin,
+            images,
+        } => up(&dir, name, bin, images),
         Command::Down { dir } => down(&dir),
     };
     match result {

@@ -257,12 +257,15 @@ pub async fn run(args: OperatorArgs) -> i32 {
             sync_ctx
                 .job_caches
                 .iter()
-                .map(|(_, cache)| cache.wait_until_ready()),
+                .map(|(_, cache)| store_ready(|| cache.wait_until_ready())),
         );
-        let lockedjobs =
-            futures::future::join_all(controller_stores.iter().map(|s| s.wait_until_ready()));
+        let lockedjobs = futures::future::join_all(
+            controller_stores
+                .iter()
+                .map(|s| store_ready(|| s.wait_until_ready())),
+        );
         let (jobs, lockedjobs) = futures::future::join(jobs, lockedjobs).await;
-        if jobs.iter().chain(lockedjobs.iter()).all(Result::is_ok) {
+        if jobs.iter().chain(lockedjobs.iter()).all(|ready| *ready) {
             sync_ctx.synced.store(true, Ordering::Relaxed);
         }
     });
@@ -284,6 +287,25 @@ pub async fn run(args: OperatorArgs) -> i32 {
     tracing::info!("lockedjob operator stopped");
     0
 }
+
+/// Waits until a store has had its first list (false: its writer is gone). kube-runtime's
+/// `wait_until_ready` wakes only the last of several concurrent waiters (its one-shot channel
+/// keeps one waker), and the Controller waits on its own store too: a waiter that polled first
+/// could sleep forever, leaving a replica unready (seen with the chart's pods). A fresh wait
+/// every interval sees the value the other waiter received.
+async fn store_ready<F, Fut>(mut wait: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<(), reflector::store::WriterDropped>>,
+{
+    loop {
+        if let Ok(result) = tokio::time::timeout(STORE_READY_POLL, wait()).await {
+            return result.is_ok();
+        }
+    }
+}
+
+const STORE_READY_POLL: Duration = Duration::from_millis(200);
 
 /// The API of `K` in one watched scope: a namespace, or all of them.
 fn scoped_api<K>(client: &Client, scope: &Option<String>) -> Api<K>
@@ -405,6 +427,33 @@ async fn wait_for_shutdown(ctx: Arc<Context>) {
 mod tests {
     use super::*;
     use std::time::Instant;
+
+    /// The readiness wait polls first, the Controller's own wait on the same store polls
+    /// after it (and takes the store's one waker); the first list must still make the replica
+    /// ready. With `wait_until_ready` alone the first waiter is never woken.
+    #[tokio::test]
+    async fn readiness_sees_the_first_list_when_another_task_waits_on_the_store_too() {
+        let (store, mut writer) = reflector::store::<Job>();
+        let ours = tokio::spawn({
+            let store = store.clone();
+            async move { store_ready(|| store.wait_until_ready()).await }
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let theirs = tokio::spawn({
+            let store = store.clone();
+            async move { store.wait_until_ready().await.is_ok() }
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        writer.apply_watcher_event(&watcher::Event::InitDone);
+        let both = tokio::time::timeout(Duration::from_secs(10), async {
+            (ours.await, theirs.await)
+        })
+        .await;
+        assert!(
+            matches!(both, Ok((Ok(true), Ok(true)))),
+            "both waiters see the store ready: {both:?}"
+        );
+    }
 
     #[test]
     fn cooldowns_hold_until_their_instant() {

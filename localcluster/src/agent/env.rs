@@ -7,6 +7,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Container, EnvVar, Pod, Secret};
 use kube::api::Api;
 use kube::ResourceExt;
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 
 /// Expands `$(NAME)` from `vars`; `$$` is a literal `$`; unknown names stay as written.
 pub(crate) fn expand(input: &str, vars: &[(String, String)]) -> String {
@@ -39,7 +40,7 @@ pub(crate) fn expand(input: &str, vars: &[(String, String)]) -> String {
 }
 
 /// `metadata.labels['x']` and friends.
-fn field_ref(pod: &Pod, path: &str) -> Result<String, String> {
+pub(crate) fn field_ref(pod: &Pod, path: &str) -> Result<String, String> {
     let keyed = |prefix: &str, map: &BTreeMap<String, String>| -> Option<String> {
         let key = path.strip_prefix(prefix)?.strip_suffix("']")?;
         Some(map.get(key).cloned().unwrap_or_default())
@@ -58,7 +59,8 @@ fn field_ref(pod: &Pod, path: &str) -> Result<String, String> {
             .as_ref()
             .and_then(|s| s.service_account_name.clone())
             .unwrap_or_default(),
-        "status.hostIP" | "status.podIP" | "status.hostIPs" | "status.podIPs" => "127.0.0.1".into(),
+        "status.hostIP" | "status.hostIPs" => super::HOST_IP.into(),
+        "status.podIP" | "status.podIPs" => super::pod_ip(pod),
         _ => keyed("metadata.labels['", pod.labels())
             .or_else(|| keyed("metadata.annotations['", pod.annotations()))
             .ok_or_else(|| format!("fieldRef {path} is not supported by the node agent"))?,
@@ -172,10 +174,13 @@ pub(crate) async fn resolve(
 ) -> Result<Vec<(String, String)>, String> {
     let port = shared.config.apiserver_port.to_string();
     let mut vars: Vec<(String, String)> = vec![
-        ("KUBERNETES_SERVICE_HOST".into(), "127.0.0.1".into()),
+        ("KUBERNETES_SERVICE_HOST".into(), super::HOST_IP.into()),
         ("KUBERNETES_SERVICE_PORT".into(), port.clone()),
         ("KUBERNETES_SERVICE_PORT_HTTPS".into(), port.clone()),
-        ("KUBERNETES_PORT".into(), format!("tcp://127.0.0.1:{port}")),
+        (
+            "KUBERNETES_PORT".into(),
+            format!("tcp://{}:{port}", super::HOST_IP),
+        ),
     ];
     let namespace = pod.namespace().unwrap_or_default();
     for source in container.env_from.iter().flatten() {
@@ -226,20 +231,28 @@ pub(crate) async fn resolve(
 pub(crate) fn command_line(
     container: &Container,
     vars: &[(String, String)],
+    images: &BTreeMap<String, PathBuf>,
 ) -> Result<Vec<String>, String> {
-    let argv: Vec<String> = container
-        .command
+    let entrypoint: Vec<String> = match container.command.as_ref().filter(|c| !c.is_empty()) {
+        Some(command) => command.clone(),
+        None => {
+            let image = container.image.as_deref().unwrap_or_default();
+            let program = images.get(super::repository_of(image)).ok_or_else(|| {
+                format!(
+                    "container {} has no command and its image {image:?} is not one the local \
+                     node agent maps to a program on this machine (images it knows: {:?})",
+                    container.name,
+                    images.keys().collect::<Vec<_>>()
+                )
+            })?;
+            vec![program.display().to_string()]
+        }
+    };
+    let argv = entrypoint
         .iter()
-        .flatten()
         .chain(container.args.iter().flatten())
         .map(|a| expand(a, vars))
         .collect();
-    if container.command.as_ref().is_none_or(Vec::is_empty) {
-        return Err(format!(
-            "container {} has no command: the local node agent runs commands on this machine, not images",
-            container.name
-        ));
-    }
     Ok(argv)
 }
 

@@ -3,19 +3,28 @@
 //! - registers a Node (Ready, with capacity) and keeps it alive with a node Lease and status
 //!   heartbeats, so the node lifecycle controller never marks it NotReady;
 //! - runs each pod the real scheduler binds to it: every container's `command` + `args` as a
-//!   process group (the image is ignored), with `env`/`envFrom` resolved as a kubelet does;
+//!   process group, with `env`/`envFrom` resolved as a kubelet does; a container without a
+//!   command runs the program its image is mapped to (`AgentConfig::images`), as an image's
+//!   entrypoint would;
+//! - gives each pod an address of its own in 127.0.0.0/8 (reported as its pod IP, probed
+//!   there), so several replicas can serve the same port;
+//! - lays out the pod's volumes (the service-account token, CA and namespace above all) and
+//!   binds them at their mount paths in a private mount namespace (`volumes.rs`), so programs
+//!   in pods use in-cluster configuration as they would on a real node;
 //! - reports pod status through the status subresource (phase, conditions, container states
 //!   with exit codes, restart counts, readiness from probes);
 //! - honours deletion: SIGTERM, SIGKILL after the grace period, then removes the pod object;
 //! - serves container logs at its kubelet endpoint, so `pods/{name}/log` and `kubectl logs`
 //!   work through the real kube-apiserver.
 //!
-//! Not done: images, volumes other than the files described in `pod.rs`, resource limits,
-//! network isolation (every pod shares the host's loopback), liveness probes.
+//! Not done: images (programs run from this machine), user and security contexts (processes
+//! run as the agent's user), resource limits, network isolation (pods share the host's network
+//! namespace; only their addresses differ), token rotation, liveness probes.
 
 mod env;
 mod logs;
 mod pod;
+mod volumes;
 
 use crate::Error;
 use futures::StreamExt;
@@ -25,7 +34,7 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions
 use kube::runtime::watcher;
 use kube::ResourceExt;
 use serde_json::json;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -47,6 +56,40 @@ pub struct AgentConfig {
     /// Where in-cluster clients reach the API server (`KUBERNETES_SERVICE_HOST/PORT`).
     pub apiserver_port: u16,
     pub ca_cert: PathBuf,
+    /// Image repository (no tag) -> the program a container of that image runs when it names
+    /// no command: its entrypoint, on this machine.
+    pub images: BTreeMap<String, PathBuf>,
+}
+
+/// The node's address, where the kubelet endpoint and the API server listen.
+pub(crate) const HOST_IP: &str = "127.0.0.1";
+
+/// The pod's own address: derived from its uid, so every agent (and an agent restarted) gives
+/// a pod the same one, spread over 127.16.0.1 – 127.239.255.254 so pods of several local
+/// clusters rarely meet.
+pub(crate) fn pod_ip(pod: &Pod) -> String {
+    let uid = pod.uid().unwrap_or_default();
+    let digest = uid
+        .bytes()
+        .fold(0xcbf2_9ce4_8422_2325_u64, |hash, byte| {
+            (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
+        })
+        .to_be_bytes();
+    format!(
+        "127.{}.{}.{}",
+        16 + digest[0] % 224,
+        digest[1],
+        1 + digest[2] % 254
+    )
+}
+
+/// `ghcr.io/org/app:1.2@sha256:...` -> `ghcr.io/org/app`.
+pub(crate) fn repository_of(image: &str) -> &str {
+    let image = image.split_once('@').map_or(image, |(name, _)| name);
+    match image.rsplit_once(':') {
+        Some((name, tag)) if !tag.contains('/') => name,
+        _ => image,
+    }
 }
 
 /// What every pod task shares.
@@ -115,7 +158,7 @@ fn node_status(config: &AgentConfig, port: u16) -> serde_json::Value {
             condition("DiskPressure", "False", "KubeletHasNoDiskPressure", "no disk pressure"),
             condition("PIDPressure", "False", "KubeletHasSufficientPID", "enough PIDs"),
         ],
-        "addresses": [{"type": "InternalIP", "address": "127.0.0.1"},
+        "addresses": [{"type": "InternalIP", "address": HOST_IP},
                       {"type": "Hostname", "address": config.node_name}],
         "daemonEndpoints": {"kubeletEndpoint": {"Port": port}},
         "nodeInfo": {"machineID": "localcluster", "systemUUID": "localcluster",
@@ -321,5 +364,43 @@ async fn final_delete(api: Api<Pod>, name: String, uid: String) {
     };
     if let Err(e) = api.delete(&name, &params).await {
         tracing::debug!(pod = %name, error = %e, "final delete");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{pod_ip, repository_of};
+    use k8s_openapi::api::core::v1::Pod;
+
+    #[test]
+    fn image_repositories_drop_tag_and_digest_but_keep_registry_ports() {
+        for (image, repository) in [
+            ("ghcr.io/org/app:1.2", "ghcr.io/org/app"),
+            ("ghcr.io/org/app", "ghcr.io/org/app"),
+            ("localhost:5000/app", "localhost:5000/app"),
+            ("localhost:5000/app:v1", "localhost:5000/app"),
+            ("app@sha256:abc", "app"),
+            ("app:1@sha256:abc", "app"),
+        ] {
+            assert_eq!(repository_of(image), repository, "{image}");
+        }
+    }
+
+    #[test]
+    fn pod_addresses_are_stable_loopback_and_differ_between_pods() {
+        let pod = |uid: &str| {
+            let mut pod = Pod::default();
+            pod.metadata.uid = Some(uid.into());
+            pod
+        };
+        let a = pod_ip(&pod("0b9d2c4e-1111-4a5b-8c9d-000000000001"));
+        let b = pod_ip(&pod("0b9d2c4e-1111-4a5b-8c9d-000000000002"));
+        assert_eq!(a, pod_ip(&pod("0b9d2c4e-1111-4a5b-8c9d-000000000001")));
+        assert_ne!(a, b);
+        for ip in [a, b] {
+            let parsed: std::net::Ipv4Addr = ip.parse().expect("an IPv4 address");
+            assert!(parsed.is_loopback(), "{ip}");
+            assert!(parsed.octets()[1] >= 16 && parsed.octets()[3] != 0, "{ip}");
+        }
     }
 }

@@ -2,7 +2,7 @@
 //! process group; restarts by the pod's restart policy; readiness probes; status reports
 //! through `pods/status`; graceful deletion.
 
-use super::{env, Shared};
+use super::{env, volumes, Shared};
 use crate::process;
 use futures::stream::{FuturesUnordered, StreamExt};
 use k8s_openapi::api::core::v1::{Container, Pod, Probe};
@@ -155,6 +155,9 @@ struct PodRun<'a> {
     /// Condition type -> (status, lastTransitionTime).
     conditions: BTreeMap<&'static str, (bool, String)>,
     reported: Option<Value>,
+    /// Volume name -> its directory, once laid out.
+    volumes: BTreeMap<String, PathBuf>,
+    ip: String,
 }
 
 fn exit_code(status: std::process::ExitStatus) -> i32 {
@@ -197,6 +200,7 @@ pub(crate) async fn run(
             .chain(&main)
             .map(|c| (c.spec.name.clone(), c.log.clone())),
     );
+    let pod_ip_source = pod.clone();
     let mut run = PodRun {
         shared,
         api: Api::namespaced(shared.client.clone(), &namespace),
@@ -209,6 +213,8 @@ pub(crate) async fn run(
         start_time: now(),
         conditions: BTreeMap::new(),
         reported: None,
+        volumes: BTreeMap::new(),
+        ip: super::pod_ip(&pod_ip_source),
     };
     let outcome = run.drive(&mut updates, &cancel).await;
     shared.logs.finished(&uid);
@@ -236,6 +242,11 @@ impl PodRun<'_> {
         cancel: &CancellationToken,
     ) -> bool {
         self.report().await;
+        match self.prepare_volumes(updates, cancel).await {
+            Step::Continue => {}
+            Step::Deleted => return self.stop_gracefully().await,
+            Step::Gone => return false,
+        }
         // Init containers, one at a time, each to success.
         for index in 0..self.init.len() {
             loop {
@@ -326,6 +337,44 @@ impl PodRun<'_> {
         }
     }
 
+    /// Lays out the pod's volumes, retrying each second while something they need is missing
+    /// (a kubelet keeps the pod in ContainerCreating the same way), until the pod goes away.
+    async fn prepare_volumes(
+        &mut self,
+        updates: &mut watch::Receiver<Pod>,
+        cancel: &CancellationToken,
+    ) -> Step {
+        loop {
+            match volumes::prepare(self.shared, &self.pod, &self.dir).await {
+                Ok(prepared) => {
+                    self.volumes = prepared;
+                    return Step::Continue;
+                }
+                Err(message) => {
+                    for c in self.init.iter_mut().chain(self.main.iter_mut()) {
+                        c.state = State::Waiting {
+                            reason: "ContainerCreating".into(),
+                            message: message.clone(),
+                        };
+                    }
+                    self.report().await;
+                }
+            }
+            tokio::select! {
+                _ = cancel.cancelled() => return Step::Gone,
+                changed = updates.changed() => {
+                    if changed.is_err() {
+                        return Step::Gone;
+                    }
+                    if let step @ (Step::Deleted | Step::Gone) = self.on_update(updates) {
+                        return step;
+                    }
+                }
+                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+            }
+        }
+    }
+
     /// The next container exit, or `None` when the pod object changed or the agent stops.
     async fn next_event(
         &mut self,
@@ -374,10 +423,15 @@ impl PodRun<'_> {
     async fn start(&mut self, init: bool, index: usize) {
         let spec = self.containers(init)[index].spec.clone();
         let resolved = match env::resolve(self.shared, &self.pod, &spec).await {
-            Ok(vars) => env::command_line(&spec, &vars).map(|argv| (vars, argv)),
+            Ok(vars) => {
+                env::command_line(&spec, &vars, &self.shared.config.images).map(|argv| (vars, argv))
+            }
             Err(e) => Err(e),
         };
-        let (vars, argv) = match resolved {
+        let resolved = resolved.and_then(|(vars, argv)| {
+            volumes::mounts(&spec, &self.volumes).map(|mounts| (vars, argv, mounts))
+        });
+        let (vars, argv, mounts) = match resolved {
             Ok(ok) => ok,
             Err(message) => {
                 let c = &mut self.containers(init)[index];
@@ -399,7 +453,9 @@ impl PodRun<'_> {
             .map(PathBuf::from)
             .filter(|p| p.is_dir())
             .unwrap_or_else(|| self.dir.clone());
-        let child = spawn(&argv, &vars, &workdir, &log_path, &self.dir, &self.pod);
+        let child = spawn(
+            &argv, &vars, &mounts, &workdir, &log_path, &self.dir, &self.pod,
+        );
         let c = &mut self.containers(init)[index];
         match child {
             Ok(mut child) => {
@@ -547,6 +603,7 @@ impl PodRun<'_> {
 
     async fn probe(&mut self) {
         let now = Instant::now();
+        let ip = self.ip.clone();
         for c in &mut self.main {
             let Some(probe) = c.spec.readiness_probe.clone() else {
                 continue;
@@ -556,7 +613,7 @@ impl PodRun<'_> {
             }
             c.next_probe =
                 Some(now + Duration::from_secs(probe.period_seconds.unwrap_or(10).max(1) as u64));
-            let ok = run_probe(&probe, &c.spec).await;
+            let ok = run_probe(&probe, &c.spec, &ip).await;
             if ok {
                 c.probe_failures = 0;
                 c.probe_successes += 1;
@@ -609,8 +666,8 @@ impl PodRun<'_> {
         }
         let mut status = json!({
             "phase": self.phase,
-            "hostIP": "127.0.0.1", "hostIPs": [{"ip": "127.0.0.1"}],
-            "podIP": "127.0.0.1", "podIPs": [{"ip": "127.0.0.1"}],
+            "hostIP": super::HOST_IP, "hostIPs": [{"ip": super::HOST_IP}],
+            "podIP": self.ip, "podIPs": [{"ip": self.ip}],
             "startTime": self.start_time,
             "conditions": conditions,
             "containerStatuses": self.main.iter().map(ContainerRun::to_json).collect::<Vec<_>>(),
@@ -667,6 +724,7 @@ fn backoff(restarts: i32) -> Duration {
 fn spawn(
     argv: &[String],
     vars: &[(String, String)],
+    mounts: &[volumes::Mount],
     workdir: &Path,
     log: &Path,
     pod_dir: &Path,
@@ -690,13 +748,15 @@ fn spawn(
         .stdout(out)
         .stderr(err);
     process::contain(&mut command);
+    volumes::bind_in_private_namespace(&mut command, mounts)
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
     let mut command = tokio::process::Command::from(command);
     command.kill_on_drop(true);
     command.spawn()
 }
 
 /// One readiness probe: HTTP GET (2xx/3xx), TCP connect, or a command exiting 0.
-async fn run_probe(probe: &Probe, container: &Container) -> bool {
+async fn run_probe(probe: &Probe, container: &Container, ip: &str) -> bool {
     let timeout = Duration::from_secs(probe.timeout_seconds.unwrap_or(1).max(1) as u64);
     let port_of = |port: &k8s_openapi::apimachinery::pkg::util::intstr::IntOrString| match port {
         k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(p) => Some(*p as u16),
@@ -711,11 +771,9 @@ async fn run_probe(probe: &Probe, container: &Container) -> bool {
         if let Some(http) = &probe.http_get {
             let port = port_of(&http.port)?;
             let path = http.path.clone().unwrap_or_else(|| "/".into());
-            let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
-                .await
-                .ok()?;
+            let mut stream = tokio::net::TcpStream::connect((ip, port)).await.ok()?;
             let request =
-                format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUser-Agent: kube-probe/localcluster\r\nConnection: close\r\n\r\n");
+                format!("GET {path} HTTP/1.1\r\nHost: {ip}:{port}\r\nUser-Agent: kube-probe/localcluster\r\nConnection: close\r\n\r\n");
             stream.write_all(request.as_bytes()).await.ok()?;
             let mut head = [0u8; 16];
             let n = stream.read(&mut head).await.ok()?;
@@ -725,11 +783,7 @@ async fn run_probe(probe: &Probe, container: &Container) -> bool {
         }
         if let Some(tcp) = &probe.tcp_socket {
             let port = port_of(&tcp.port)?;
-            return Some(
-                tokio::net::TcpStream::connect(("127.0.0.1", port))
-                    .await
-                    .is_ok(),
-            );
+            return Some(tokio::net::TcpStream::connect((ip, port)).await.is_ok());
         }
         if let Some(exec) = &probe.exec {
             let argv = exec.command.clone().unwrap_or_default();

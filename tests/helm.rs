@@ -1,0 +1,662 @@
+//! The Helm chart installed for real: `helm install` into the local control plane (real
+//! kube-apiserver with RBAC, controller manager, scheduler), the operator running as the
+//! chart's own Deployment pods — the node agent starts them with in-cluster configuration
+//! (their ServiceAccount's token, the CA and namespace at the standard paths,
+//! `KUBERNETES_SERVICE_HOST`/`PORT`), the chart's args, env and probes — against real
+//! `redis-server` nodes on loopback. The README's install block is run as written.
+//!
+//! The tests run one at a time: a release that watches every namespace would otherwise also
+//! run the LockedJobs of the test beside it.
+
+mod e2e;
+mod support;
+
+use e2e::{check, wait_for_holder, Cluster, Journal};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{Pod, Secret};
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use localcluster::{LocalCluster, Options};
+use lockedjob::api::LockedJob;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+use support::kubernetes::{create_namespace, delete_namespace, eventually};
+use support::{Persistence, RedisNodes};
+
+const CHART: &str = "charts/lockedjob-operator";
+const LOCAL_VALUES: &str = "charts/lockedjob-operator/ci/local-values.yaml";
+const IMAGE: &str = "ghcr.io/lockedjob/lockedjob-operator";
+const README_MARKER: &str = "<!-- tests/helm.rs runs the next block -->";
+
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+fn repo(path: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(path)
+}
+
+/// The local cluster of this test process, its node agent mapping the chart's image to the
+/// `lockedjob` binary cargo built for the tests.
+async fn helm_cluster() -> &'static LocalCluster {
+    tokio::task::spawn_blocking(|| {
+        localcluster::shared_with("helm", || Options {
+            images: BTreeMap::from([(IMAGE.to_string(), support::lockedjob_bin())]),
+            ..Options::named("helm")
+        })
+    })
+    .await
+    .expect("join the cluster start")
+    .unwrap_or_else(|e| panic!("start the local cluster: {e}"))
+}
+
+/// helm and kubectl (built with the control plane), on one cluster, from the repository root,
+/// with helm's own state in a directory of the test's.
+struct Tools {
+    kubeconfig: PathBuf,
+    bin: PathBuf,
+    home: tempfile::TempDir,
+}
+
+impl Tools {
+    fn new(cluster: &LocalCluster) -> Self {
+        let bins = localcluster::Binaries::locate().expect("control plane binaries");
+        Self {
+            kubeconfig: cluster.kubeconfig(),
+            bin: bins.dir().to_path_buf(),
+            home: tempfile::tempdir().expect("temp dir"),
+        }
+    }
+
+    /// `program` from the binaries' directory when it is there (helm, kubectl), else PATH.
+    fn command(&self, program: &str) -> Command {
+        let built = self.bin.join(program);
+        let mut command = Command::new(if built.is_file() {
+            built
+        } else {
+            PathBuf::from(program)
+        });
+        let path = format!(
+            "{}:{}",
+            self.bin.display(),
+            std::env::var("PATH").unwrap_or_default()
+        );
+        command
+            .current_dir(repo("."))
+            .env("PATH", path)
+            .env("KUBECONFIG", &self.kubeconfig)
+            .env("HELM_CONFIG_HOME", self.home.path().join("config"))
+            .env("HELM_CACHE_HOME", self.home.path().join("cache"))
+            .env("HELM_DATA_HOME", self.home.path().join("data"));
+        command
+    }
+
+    /// Runs `program args`; (succeeded, stdout + stderr).
+    fn try_run(&self, program: &str, args: &[&str]) -> (bool, String) {
+        let out = self
+            .command(program)
+            .args(args)
+            .output()
+            .unwrap_or_else(|e| panic!("run {program}: {e}"));
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (out.status.success(), text)
+    }
+
+    fn run(&self, program: &str, args: &[&str]) -> String {
+        let (ok, text) = self.try_run(program, args);
+        assert!(ok, "{program} {}:\n{text}", args.join(" "));
+        text
+    }
+
+    /// `kubectl auth can-i` as the release's ServiceAccount.
+    fn can(&self, service_account: &str, args: &[&str]) -> bool {
+        let mut all = vec!["auth", "can-i"];
+        all.extend_from_slice(args);
+        all.push("--as");
+        all.push(service_account);
+        let out = self
+            .command("kubectl")
+            .args(&all)
+            .output()
+            .expect("run kubectl auth can-i");
+        let answer = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        assert!(
+            answer == "yes" || answer == "no",
+            "kubectl auth can-i {args:?}: {answer} {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        answer == "yes"
+    }
+
+    /// Waits for the Deployment's rollout (pods Ready by their readiness probe).
+    fn rollout(&self, namespace: &str, deployment: &str) {
+        self.run(
+            "kubectl",
+            &[
+                "rollout",
+                "status",
+                &format!("deployment/{deployment}"),
+                "-n",
+                namespace,
+                "--timeout=240s",
+            ],
+        );
+    }
+}
+
+/// Uninstalls the release when the test ends, passed or not, so no operator outlives it.
+struct Release<'a> {
+    tools: &'a Tools,
+    name: String,
+    namespace: String,
+}
+
+impl Drop for Release<'_> {
+    fn drop(&mut self) {
+        let _ = self.tools.try_run(
+            "helm",
+            &[
+                "uninstall",
+                &self.name,
+                "-n",
+                &self.namespace,
+                "--wait",
+                "--timeout",
+                "90s",
+            ],
+        );
+    }
+}
+
+/// `fullname` in the chart's helpers, for a release whose name does not contain the chart's.
+fn fullname(release: &str) -> String {
+    format!("{release}-lockedjob-operator")
+}
+
+fn service_account(namespace: &str, release: &str) -> String {
+    format!("system:serviceaccount:{namespace}:{}", fullname(release))
+}
+
+fn external_nodes(nodes: &RedisNodes) -> String {
+    serde_json::to_string(&nodes.urls()).expect("json")
+}
+
+fn require_password(nodes: &RedisNodes, password: &str) {
+    for node in &nodes.nodes {
+        let _: () = node
+            .command(&["CONFIG", "SET", "requirepass", password])
+            .unwrap_or_else(|e| panic!("set the password of {}: {e}", node.url()));
+    }
+}
+
+/// The README block after the marker, as written.
+fn readme_install_block() -> String {
+    let readme = std::fs::read_to_string(repo("README.md")).expect("README.md");
+    let after = readme
+        .split_once(README_MARKER)
+        .map(|(_, rest)| rest)
+        .expect("the README marks its install block");
+    let body = after
+        .split_once("```sh\n")
+        .and_then(|(_, rest)| rest.split_once("\n```"))
+        .map(|(body, _)| body)
+        .expect("a sh block after the marker");
+    body.to_string()
+}
+
+async fn holder_pods(pods: &Api<Pod>, release: &str) -> Vec<Pod> {
+    pods.list(&ListParams::default().labels(&format!(
+        "app.kubernetes.io/instance={release},app.kubernetes.io/component=operator"
+    )))
+    .await
+    .map(|l| l.items)
+    .unwrap_or_default()
+}
+
+/// The README's install block on a fresh cluster; then, through the chart's 3 replicas: a run
+/// each due time and never two, and the holder's pod deleted mid-run hands the run over
+/// without a second Job for that time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readme_install_runs_each_due_time_once_across_the_chart_replicas() {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let local = helm_cluster().await;
+    let tools = Tools::new(local);
+    let nodes = RedisNodes::start(3, Persistence::AppendFsyncAlways).expect("redis nodes");
+    let password = format!("pw-{:016x}", rand::random::<u64>());
+    require_password(&nodes, &password);
+    let _release = Release {
+        tools: &tools,
+        name: "locks".into(),
+        namespace: "lockedjob".into(),
+    };
+
+    let block = readme_install_block();
+    let out = tools
+        .command("bash")
+        .args(["-euo", "pipefail", "-c", &block])
+        .env("LOCK_NODES", external_nodes(&nodes))
+        .env("LOCK_NODES_PASSWORD", &password)
+        .output()
+        .expect("run the README block");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    println!("{text}");
+    assert!(
+        out.status.success(),
+        "the README's install block:\n{block}\n---\n{text}"
+    );
+    assert!(
+        text.contains("hello"),
+        "kubectl get lj lists the example: {text}"
+    );
+
+    let cluster = Cluster::local("helm").await;
+    let deployments: Api<Deployment> = Api::namespaced(cluster.client.clone(), "lockedjob");
+    let deployment = deployments
+        .get(&fullname("locks"))
+        .await
+        .expect("the chart's Deployment");
+    let ready = deployment.status.and_then(|s| s.ready_replicas);
+    assert_eq!(ready, Some(3), "3 replicas Ready after helm install --wait");
+
+    // Each due time once across the 3 replicas, tokens growing.
+    let api: Api<LockedJob> = cluster.api();
+    let journal = Journal::new(vec![cluster.api()]);
+    api.create(
+        &PostParams::default(),
+        &cluster.journaled("every-two", &cluster.every(2), "local", None, 0.5),
+    )
+    .await
+    .expect("create");
+    let enough = journal
+        .wait_for(Duration::from_secs(120), |runs| runs.len() >= 6)
+        .await;
+    let runs = journal.runs().await;
+    check(&runs).unwrap_or_else(|e| panic!("{e}"));
+    assert!(enough, "6 runs within 2 minutes, got {}", runs.len());
+    api.delete("every-two", &DeleteParams::default())
+        .await
+        .expect("delete");
+
+    // The holder's pod deleted mid-run: it hands the run over (SIGTERM), another replica
+    // adopts the Job, and no scheduled time runs twice.
+    api.create(
+        &PostParams::default(),
+        &cluster.journaled("handover", &cluster.every(4), "local", None, 3.0),
+    )
+    .await
+    .expect("create");
+    let holder = wait_for_holder(&api, "handover", Duration::from_secs(60)).await;
+    let in_flight = api
+        .get("handover")
+        .await
+        .ok()
+        .and_then(|l| l.status?.last_run)
+        .map(|r| r.scheduled_time.0.to_string())
+        .expect("the holder's run");
+    let pod = holder
+        .strip_prefix("local/")
+        .unwrap_or_else(|| panic!("holder {holder} is local/<pod>"))
+        .to_string();
+    let pods: Api<Pod> = Api::namespaced(cluster.client.clone(), "lockedjob");
+    assert!(
+        holder_pods(&pods, "locks")
+            .await
+            .iter()
+            .any(|p| p.metadata.name.as_deref() == Some(pod.as_str())),
+        "the holder {holder} is one of the chart's pods"
+    );
+    pods.delete(&pod, &DeleteParams::default())
+        .await
+        .expect("delete the holder's pod");
+    let handed_over = journal
+        .wait_for(Duration::from_secs(90), |runs| {
+            runs.iter()
+                .filter(|r| r.lock.ends_with("/handover"))
+                .count()
+                >= 4
+        })
+        .await;
+    let runs = journal.runs().await;
+    check(&runs).unwrap_or_else(|e| panic!("{e}"));
+    assert!(
+        handed_over,
+        "runs went on after the holder's pod was deleted"
+    );
+    let finished: Vec<_> = runs
+        .iter()
+        .filter(|r| r.lock.ends_with("/handover") && r.scheduled == in_flight)
+        .collect();
+    assert_eq!(
+        finished.len(),
+        1,
+        "the run in flight when its holder's pod was deleted ({in_flight}) finished once: {runs:?}"
+    );
+    let jobs: Api<Job> = cluster.api();
+    let jobs = jobs.list(&ListParams::default()).await.expect("jobs").items;
+    let mut times: Vec<String> = jobs
+        .iter()
+        .filter(|j| {
+            j.metadata
+                .name
+                .as_deref()
+                .is_some_and(|n| n.starts_with("handover-"))
+        })
+        .filter_map(|j| {
+            j.metadata
+                .annotations
+                .as_ref()?
+                .get(lockedjob::api::ANNOTATION_SCHEDULED_TIME)
+                .cloned()
+        })
+        .collect();
+    let count = times.len();
+    times.sort();
+    times.dedup();
+    assert_eq!(times.len(), count, "one Job per scheduled time: {times:?}");
+    let holders: std::collections::BTreeSet<String> = api
+        .get("handover")
+        .await
+        .ok()
+        .and_then(|l| l.status?.last_run.map(|r| r.holder))
+        .into_iter()
+        .collect();
+    assert!(
+        !holders.contains(&holder),
+        "the deleted pod {holder} no longer holds the runs"
+    );
+
+    let kube = Api::<k8s_openapi::api::core::v1::Namespace>::all(cluster.client.clone());
+    for namespace in ["team-a"] {
+        let _ = kube.delete(namespace, &DeleteParams::background()).await;
+    }
+}
+
+/// `watchNamespaces`: a Role and RoleBinding in each listed namespace and nothing
+/// cluster-wide; the operator runs the LockedJobs there and cannot see other namespaces. What
+/// the ServiceAccount may do, asked of the real authorizer. The monitoring objects (behind their
+/// CRDs from prometheus-operator's module) are accepted by the API server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_namespaces_confine_the_operator_to_least_privilege() {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let local = helm_cluster().await;
+    let tools = Tools::new(local);
+    let watched = Cluster::local("helm").await;
+    let unwatched = Cluster::local("helm").await;
+    let home = create_namespace(&watched.client, "locks").await;
+    let nodes = RedisNodes::start(3, Persistence::AppendFsyncAlways).expect("redis nodes");
+
+    let crds = monitoring_crds();
+    tools.run(
+        "kubectl",
+        &["apply", "--server-side", "-f", &crds.display().to_string()],
+    );
+    tools.run(
+        "kubectl",
+        &[
+            "wait",
+            "--for=condition=Established",
+            "--timeout=60s",
+            "crd/servicemonitors.monitoring.coreos.com",
+            "crd/prometheusrules.monitoring.coreos.com",
+        ],
+    );
+
+    let release = Release {
+        tools: &tools,
+        name: "confined".into(),
+        namespace: home.clone(),
+    };
+    let watch = serde_json::to_string(&[&watched.namespace]).expect("json");
+    tools.run(
+        "helm",
+        &[
+            "install",
+            &release.name,
+            CHART,
+            "-n",
+            &home,
+            "-f",
+            LOCAL_VALUES,
+            "--set-json",
+            &format!("redis.external={}", external_nodes(&nodes)),
+            "--set",
+            "redis.auth.enabled=false",
+            "--set-json",
+            &format!("watchNamespaces={watch}"),
+            "--set",
+            "metrics.serviceMonitor.enabled=true,metrics.prometheusRule.enabled=true",
+            "--wait",
+            "--timeout",
+            "5m",
+        ],
+    );
+    for kind in ["servicemonitor", "prometheusrule", "role", "rolebinding"] {
+        let namespace = if kind.starts_with("role") {
+            &watched.namespace
+        } else {
+            &home
+        };
+        tools.run(
+            "kubectl",
+            &["get", kind, &fullname(&release.name), "-n", namespace],
+        );
+    }
+    let (_, cluster_roles) = tools.try_run(
+        "kubectl",
+        &[
+            "get",
+            "clusterrole",
+            "-l",
+            "app.kubernetes.io/instance=confined",
+            "-o",
+            "name",
+        ],
+    );
+    assert!(
+        cluster_roles.trim().is_empty(),
+        "nothing cluster-wide: {cluster_roles}"
+    );
+
+    // What the ServiceAccount can and cannot do.
+    let sa = service_account(&home, &release.name);
+    let w = watched.namespace.as_str();
+    let u = unwatched.namespace.as_str();
+    let table: &[(&[&str], bool)] = &[
+        (&["watch", "lockedjobs.lockedjob.dev", "-n", w], true),
+        (&["patch", "lockedjobs.lockedjob.dev/status", "-n", w], true),
+        (
+            &["update", "lockedjobs.lockedjob.dev/finalizers", "-n", w],
+            true,
+        ),
+        (&["create", "jobs.batch", "-n", w], true),
+        (&["delete", "jobs.batch", "-n", w], true),
+        (&["create", "events.events.k8s.io", "-n", w], true),
+        (&["get", "secrets", "-n", w], false),
+        (&["get", "secrets", "-n", &home], false),
+        (&["create", "pods", "-n", w], false),
+        (&["delete", "lockedjobs.lockedjob.dev", "-n", w], false),
+        (&["list", "lockedjobs.lockedjob.dev", "-n", u], false),
+        (&["create", "jobs.batch", "-n", u], false),
+        (
+            &["list", "lockedjobs.lockedjob.dev", "--all-namespaces"],
+            false,
+        ),
+        (&["list", "nodes"], false),
+    ];
+    for (args, expected) in table {
+        let allowed = tools.can(&sa, args);
+        println!(
+            "can-i {:<50} {}",
+            args.join(" "),
+            if allowed { "yes" } else { "no" }
+        );
+        assert_eq!(allowed, *expected, "{sa} can-i {args:?}");
+    }
+
+    // It runs the LockedJobs it watches, and never sees the others.
+    let journal = Journal::new(vec![watched.api(), unwatched.api()]);
+    for c in [&watched, &unwatched] {
+        c.api::<LockedJob>()
+            .create(
+                &PostParams::default(),
+                &c.journaled("confined", &c.every(2), "local", None, 0.2),
+            )
+            .await
+            .expect("create");
+    }
+    let ran = journal
+        .wait_for(Duration::from_secs(90), |runs| runs.len() >= 3)
+        .await;
+    let runs = journal.runs().await;
+    check(&runs).unwrap_or_else(|e| panic!("{e}"));
+    assert!(ran, "the watched namespace's LockedJob runs");
+    assert!(
+        runs.iter().all(|r| r.lock.starts_with(&format!("{w}/"))),
+        "only the watched namespace ran: {runs:?}"
+    );
+    let outside = unwatched
+        .api::<LockedJob>()
+        .get("confined")
+        .await
+        .expect("get");
+    assert!(
+        outside.status.is_none() && outside.metadata.finalizers.is_none(),
+        "the operator left the unwatched LockedJob alone: {outside:?}"
+    );
+    drop(release);
+    delete_namespace(&watched.client, &home).await;
+}
+
+/// The chart's own password Secret survives `helm upgrade` (the operator keeps reaching its
+/// nodes) and `helm uninstall` (kept by its resource policy, as values.yaml says).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upgrade_keeps_the_chart_made_password_and_uninstall_keeps_the_secret() {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let local = helm_cluster().await;
+    let tools = Tools::new(local);
+    let cluster = Cluster::local("helm").await;
+    let home = cluster.namespace.clone();
+    let nodes = RedisNodes::start(3, Persistence::AppendFsyncAlways).expect("redis nodes");
+    let release = Release {
+        tools: &tools,
+        name: "upgraded".into(),
+        namespace: home.clone(),
+    };
+    let deployment = fullname(&release.name);
+    let secret_name = format!("{deployment}-redis-auth");
+    tools.run(
+        "helm",
+        &[
+            "install",
+            &release.name,
+            CHART,
+            "-n",
+            &home,
+            "-f",
+            LOCAL_VALUES,
+            "--set-json",
+            &format!("redis.external={}", external_nodes(&nodes)),
+            "--set",
+            "redis.auth.existingSecret=",
+            "--set-json",
+            &format!("watchNamespaces=[\"{home}\"]"),
+        ],
+    );
+    let secrets: Api<Secret> = cluster.api();
+    let password = || async {
+        let secret = secrets.get(&secret_name).await.ok()?;
+        let bytes = secret.data?.get("password")?.0.clone();
+        String::from_utf8(bytes).ok()
+    };
+    let first = password()
+        .await
+        .expect("the chart created the password Secret");
+    assert!(first.len() >= 32, "a long random password");
+    // The nodes learn it, as an operator of external nodes would configure them.
+    require_password(&nodes, &first);
+    tools.rollout(&home, &deployment);
+
+    tools.run(
+        "helm",
+        &[
+            "upgrade",
+            &release.name,
+            CHART,
+            "-n",
+            &home,
+            "--reuse-values",
+            "--set",
+            "logLevel=debug",
+            "--wait",
+            "--timeout",
+            "5m",
+        ],
+    );
+    assert_eq!(password().await.as_deref(), Some(first.as_str()), "kept");
+    let deployments: Api<Deployment> = cluster.api();
+    let upgraded = deployments.get(&deployment).await.expect("deployment");
+    let env = upgraded
+        .spec
+        .template
+        .spec
+        .map(|s| s.containers[0].env.clone().unwrap_or_default())
+        .unwrap_or_default();
+    assert!(
+        env.iter()
+            .any(|e| e.name == "RUST_LOG" && e.value.as_deref() == Some("debug")),
+        "the upgrade changed the pods' log level"
+    );
+    assert_eq!(
+        upgraded.status.and_then(|s| s.ready_replicas),
+        Some(3),
+        "the upgraded replicas are Ready: they reach the nodes with the same password"
+    );
+
+    drop(release);
+    assert!(
+        eventually(Duration::from_secs(60), || async {
+            deployments
+                .get_opt(&deployment)
+                .await
+                .ok()
+                .flatten()
+                .is_none()
+        })
+        .await,
+        "helm uninstall removed the Deployment"
+    );
+    assert_eq!(
+        password().await.as_deref(),
+        Some(first.as_str()),
+        "helm uninstall keeps the password Secret"
+    );
+}
+
+/// The ServiceMonitor and PrometheusRule CRDs (scripts/monitoring-crds.sh fetches them from
+/// the Go module proxy; `$LOCKEDJOB_MONITORING_CRDS` names the directory).
+fn monitoring_crds() -> PathBuf {
+    if let Some(dir) = std::env::var_os("LOCKEDJOB_MONITORING_CRDS") {
+        return PathBuf::from(dir);
+    }
+    let out = Command::new("bash")
+        .arg(repo("scripts/monitoring-crds.sh"))
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .expect("run scripts/monitoring-crds.sh");
+    assert!(out.status.success(), "scripts/monitoring-crds.sh failed");
+    PathBuf::from(
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .last()
+            .expect("the script prints the directory")
+            .trim(),
+    )
+}
