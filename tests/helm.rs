@@ -155,6 +155,39 @@ struct Release<'a> {
     namespace: String,
 }
 
+impl<'a> Release<'a> {
+    /// `helm install NAME charts/lockedjob-operator -n NAMESPACE -f ci/local-values.yaml` with
+    /// `nodes` as the external lock nodes and `extra` arguments.
+    fn install(
+        tools: &'a Tools,
+        name: &str,
+        namespace: &str,
+        nodes: &RedisNodes,
+        extra: &[&str],
+    ) -> Self {
+        let release = Self {
+            tools,
+            name: name.into(),
+            namespace: namespace.into(),
+        };
+        let external = format!("redis.external={}", external_nodes(nodes));
+        let mut args = vec![
+            "install",
+            name,
+            CHART,
+            "-n",
+            namespace,
+            "-f",
+            LOCAL_VALUES,
+            "--set-json",
+            &external,
+        ];
+        args.extend_from_slice(extra);
+        tools.run("helm", &args);
+        release
+    }
+}
+
 impl Drop for Release<'_> {
     fn drop(&mut self) {
         let _ = self.tools.try_run(
@@ -409,28 +442,20 @@ async fn watch_namespaces_confine_the_operator_to_least_privilege() {
         ],
     );
 
-    let release = Release {
-        tools: &tools,
-        name: "confined".into(),
-        namespace: home.clone(),
-    };
-    let watch = serde_json::to_string(&[&watched.namespace]).expect("json");
-    tools.run(
-        "helm",
+    let watch = format!(
+        "watchNamespaces={}",
+        serde_json::to_string(&[&watched.namespace]).expect("json")
+    );
+    let release = Release::install(
+        &tools,
+        "confined",
+        &home,
+        &nodes,
         &[
-            "install",
-            &release.name,
-            CHART,
-            "-n",
-            &home,
-            "-f",
-            LOCAL_VALUES,
-            "--set-json",
-            &format!("redis.external={}", external_nodes(&nodes)),
             "--set",
             "redis.auth.enabled=false",
             "--set-json",
-            &format!("watchNamespaces={watch}"),
+            &watch,
             "--set",
             "metrics.serviceMonitor.enabled=true,metrics.prometheusRule.enabled=true",
             "--wait",
@@ -545,31 +570,16 @@ async fn upgrade_keeps_the_chart_made_password_and_uninstall_keeps_the_secret() 
     let cluster = Cluster::local("helm").await;
     let home = cluster.namespace.clone();
     let nodes = RedisNodes::start(3, Persistence::AppendFsyncAlways).expect("redis nodes");
-    let release = Release {
-        tools: &tools,
-        name: "upgraded".into(),
-        namespace: home.clone(),
-    };
+    let watch = format!("watchNamespaces=[\"{home}\"]");
+    let release = Release::install(
+        &tools,
+        "upgraded",
+        &home,
+        &nodes,
+        &["--set", "redis.auth.existingSecret=", "--set-json", &watch],
+    );
     let deployment = fullname(&release.name);
     let secret_name = format!("{deployment}-redis-auth");
-    tools.run(
-        "helm",
-        &[
-            "install",
-            &release.name,
-            CHART,
-            "-n",
-            &home,
-            "-f",
-            LOCAL_VALUES,
-            "--set-json",
-            &format!("redis.external={}", external_nodes(&nodes)),
-            "--set",
-            "redis.auth.existingSecret=",
-            "--set-json",
-            &format!("watchNamespaces=[\"{home}\"]"),
-        ],
-    );
     let secrets: Api<Secret> = cluster.api();
     let password = || async {
         let secret = secrets.get(&secret_name).await.ok()?;

@@ -164,11 +164,20 @@ async fn contents(shared: &Shared, pod: &Pod, volume: &Volume) -> Result<Files, 
     }
     if let Some(source) = &volume.secret {
         let name = source.secret_name.clone().unwrap_or_default();
-        return secret_files(shared, &namespace, &name, &source.items, source.optional).await;
+        return object_files(
+            shared,
+            Source::Secret,
+            &namespace,
+            &name,
+            &source.items,
+            source.optional,
+        )
+        .await;
     }
     if let Some(source) = &volume.config_map {
-        return config_map_files(
+        return object_files(
             shared,
+            Source::ConfigMap,
             &namespace,
             &source.name,
             &source.items,
@@ -193,12 +202,15 @@ async fn contents(shared: &Shared, pod: &Pod, volume: &Volume) -> Result<Files, 
                 files.push((token.path.clone(), bytes));
             }
             if let Some(s) = &source.secret {
-                files
-                    .extend(secret_files(shared, &namespace, &s.name, &s.items, s.optional).await?);
+                let source = Source::Secret;
+                files.extend(
+                    object_files(shared, source, &namespace, &s.name, &s.items, s.optional).await?,
+                );
             }
             if let Some(c) = &source.config_map {
+                let source = Source::ConfigMap;
                 files.extend(
-                    config_map_files(shared, &namespace, &c.name, &c.items, c.optional).await?,
+                    object_files(shared, source, &namespace, &c.name, &c.items, c.optional).await?,
                 );
             }
             if let Some(d) = &source.downward_api {
@@ -253,66 +265,66 @@ async fn service_account_token(
     Ok(token.into_bytes())
 }
 
-async fn secret_files(
+#[derive(Debug, Clone, Copy)]
+enum Source {
+    Secret,
+    ConfigMap,
+}
+
+/// The files one Secret or ConfigMap puts in a volume: every key, or only `items`.
+async fn object_files(
     shared: &Shared,
+    source: Source,
     namespace: &str,
     name: &str,
     items: &Option<Vec<KeyToPath>>,
     optional: Option<bool>,
 ) -> Result<Files, String> {
-    let secret = Api::<Secret>::namespaced(shared.client.clone(), namespace)
-        .get_opt(name)
-        .await
-        .map_err(|e| format!("read Secret {namespace}/{name}: {e}"))?;
-    let Some(secret) = secret else {
-        return missing("secret", name, optional);
+    let (kind, data): (&str, Option<BTreeMap<String, Vec<u8>>>) = match source {
+        Source::Secret => (
+            "secret",
+            get::<Secret>(shared, namespace, name).await?.map(|secret| {
+                let strings = secret.string_data.into_iter().flatten();
+                secret
+                    .data
+                    .into_iter()
+                    .flatten()
+                    .map(|(k, v)| (k, v.0))
+                    .chain(strings.map(|(k, v)| (k, v.into_bytes())))
+                    .collect()
+            }),
+        ),
+        Source::ConfigMap => (
+            "configmap",
+            get::<ConfigMap>(shared, namespace, name).await?.map(|map| {
+                let binary = map.binary_data.into_iter().flatten();
+                map.data
+                    .into_iter()
+                    .flatten()
+                    .map(|(k, v)| (k, v.into_bytes()))
+                    .chain(binary.map(|(k, v)| (k, v.0)))
+                    .collect()
+            }),
+        ),
     };
-    let data: BTreeMap<String, Vec<u8>> = secret
-        .data
-        .into_iter()
-        .flatten()
-        .map(|(k, v)| (k, v.0))
-        .chain(
-            secret
-                .string_data
-                .into_iter()
-                .flatten()
-                .map(|(k, v)| (k, v.into_bytes())),
-        )
-        .collect();
-    select(data, items, "secret", name)
-}
-
-async fn config_map_files(
-    shared: &Shared,
-    namespace: &str,
-    name: &str,
-    items: &Option<Vec<KeyToPath>>,
-    optional: Option<bool>,
-) -> Result<Files, String> {
-    let map = Api::<ConfigMap>::namespaced(shared.client.clone(), namespace)
-        .get_opt(name)
-        .await
-        .map_err(|e| format!("read ConfigMap {namespace}/{name}: {e}"))?;
-    let Some(map) = map else {
-        return missing("configmap", name, optional);
-    };
-    let data: BTreeMap<String, Vec<u8>> = map
-        .data
-        .into_iter()
-        .flatten()
-        .map(|(k, v)| (k, v.into_bytes()))
-        .chain(map.binary_data.into_iter().flatten().map(|(k, v)| (k, v.0)))
-        .collect();
-    select(data, items, "configmap", name)
-}
-
-fn missing(kind: &str, name: &str, optional: Option<bool>) -> Result<Files, String> {
-    if optional.unwrap_or(false) {
-        Ok(Vec::new())
-    } else {
-        Err(format!("{kind} \"{name}\" not found"))
+    match data {
+        Some(data) => select(data, items, kind, name),
+        None if optional.unwrap_or(false) => Ok(Vec::new()),
+        None => Err(format!("{kind} \"{name}\" not found")),
     }
+}
+
+async fn get<K>(shared: &Shared, namespace: &str, name: &str) -> Result<Option<K>, String>
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + k8s_openapi::serde::de::DeserializeOwned
+        + std::fmt::Debug,
+{
+    Api::<K>::namespaced(shared.client.clone(), namespace)
+        .get_opt(name)
+        .await
+        .map_err(|e| format!("read {} {namespace}/{name}: {e}", K::kind(&())))
 }
 
 /// All keys as files, or only the listed ones at their paths.
