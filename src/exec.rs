@@ -6,6 +6,7 @@
 //! and the child was stopped; [`EXIT_USAGE`] for bad usage or configuration;
 //! [`EXIT_SPAWN_FAILED`] when the command could not be started.
 
+use crate::api::{ENV_FENCING_TOKEN, ENV_HOLDER, ENV_LOCK_NAME};
 use crate::options::{parse_duration, RedisOptions};
 use crate::redlock::{LeaseTiming, LockError, Redlock, Watchdog, DEFAULT_TTL};
 use nix::sys::signal::{killpg, Signal};
@@ -202,9 +203,9 @@ fn spawn_child(args: &ExecArgs, lease: &crate::redlock::Lease) -> std::io::Resul
     let mut command = Command::new(&args.command[0]);
     command
         .args(&args.command[1..])
-        .env("LOCKEDJOB_FENCING_TOKEN", lease.token().to_string())
-        .env("LOCKEDJOB_LOCK_NAME", lease.name())
-        .env("LOCKEDJOB_HOLDER", lease.holder())
+        .env(ENV_FENCING_TOKEN, lease.token().to_string())
+        .env(ENV_LOCK_NAME, lease.name())
+        .env(ENV_HOLDER, lease.holder())
         // Its own process group: signals reach the command and its children exactly once, and
         // lease loss can stop the whole tree.
         .process_group(0)

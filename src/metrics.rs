@@ -145,11 +145,37 @@ pub fn set_nodes_reachable(nodes: usize) {
     METRICS.nodes_reachable.set(nodes as i64);
 }
 
-pub fn record_run(outcome: &str) {
+/// How a run ended, as `lockedjob_runs_total{result}` counts it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RunResult {
+    Succeeded,
+    Failed,
+    /// The Job was deleted under the run (by a user, or with its LockedJob).
+    Stopped,
+    /// Quorum was lost mid-run.
+    LockLost,
+    /// The lock was won but the API server refused the Job.
+    CreateFailed,
+}
+
+impl RunResult {
+    /// The label value (the README's alerts use these).
+    pub fn label(self) -> &'static str {
+        match self {
+            RunResult::Succeeded => "succeeded",
+            RunResult::Failed => "failed",
+            RunResult::Stopped => "stopped",
+            RunResult::LockLost => "lock_lost",
+            RunResult::CreateFailed => "create_failed",
+        }
+    }
+}
+
+pub fn record_run(result: RunResult) {
     METRICS
         .runs
         .get_or_create(&ResultLabel {
-            result: outcome.to_string(),
+            result: result.label().to_string(),
         })
         .inc();
 }

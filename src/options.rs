@@ -59,10 +59,7 @@ pub struct RedisOptions {
 
 impl RedisOptions {
     pub fn holder(&self) -> String {
-        let runner = self.runner_name.clone().unwrap_or_else(|| {
-            std::env::var("HOSTNAME").unwrap_or_else(|_| format!("pid-{}", std::process::id()))
-        });
-        format!("{}/{}", self.cluster_id, runner)
+        crate::redlock::holder(&self.cluster_id, self.runner_name.as_deref())
     }
 
     pub fn engine_config(&self) -> RedlockConfig {

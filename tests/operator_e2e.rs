@@ -20,7 +20,7 @@ use nix::sys::signal::Signal;
 use serde_json::json;
 use std::time::Duration;
 use support::kubernetes::eventually;
-use support::{Persistence, ProxyMode, RedisNodes};
+use support::{Persistence, ProxyMode, RedisNodes, SetChecks};
 
 /// Any Job of the LockedJobs not being deleted.
 fn any_live(jobs: &[Job]) -> bool {
@@ -491,4 +491,49 @@ async fn run_now(lab: Lab) {
     for r in &lab.replicas {
         r.signal(Signal::SIGTERM);
     }
+}
+
+/// SIGTERM while a run has won its lock but has not yet created its Job (the API server is slow
+/// to answer the create): the replica waits for that run too, which hands its lock over, and
+/// exits holding nothing. The lock's TTL is long, so a lock left behind is still there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_while_a_run_is_starting_leaves_no_lock_behind() {
+    let cluster = Cluster::local("east").await;
+    let mut lab = Lab::start(cluster, 3, 1);
+    let c = &lab.cluster;
+    let Some(proxy) = lab.replicas[0].api_proxy() else {
+        return;
+    };
+    let mut lj = c.journaled("starting", &c.every(3), "c1", None, 1.0);
+    lj.spec.lock.ttl_seconds = 60;
+    // Every request to the API server now takes 2 s more: the Job create among them.
+    proxy.set_mode(ProxyMode::Delay(Duration::from_secs(1)));
+    c.api::<LockedJob>()
+        .create(&PostParams::default(), &lj)
+        .await
+        .expect("create");
+    let key = format!("lockedjob:lock:{}", c.default_lock("starting"));
+    let nodes = &lab.nodes;
+    assert!(
+        eventually(Duration::from_secs(60), || async {
+            nodes.count_key(&key) >= 2
+        })
+        .await,
+        "the replica never took the lock:\n{}",
+        logs_of(&lab.replicas)
+    );
+    let replica = &mut lab.replicas[0];
+    replica.signal(Signal::SIGTERM);
+    let exited = eventually(Duration::from_secs(40), || {
+        let done = replica.child.try_wait().ok().flatten().is_some();
+        async move { done }
+    })
+    .await;
+    assert!(exited, "the replica did not exit after SIGTERM");
+    assert_eq!(
+        lab.nodes.count_key(&key),
+        0,
+        "the replica exited holding the lock:\n{}",
+        logs_of(&lab.replicas)
+    );
 }

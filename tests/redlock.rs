@@ -323,6 +323,39 @@ async fn watchdog_started_late_renews_at_once_instead_of_giving_up() {
     assert!(watchdog.release(&client).await, "still held at release");
 }
 
+/// A holder that drops its watchdog without `stop()` (it returned early or panicked) must not
+/// leave a task renewing the lease forever: the renewals end with the handle and the lock
+/// expires by itself, so another runner can take it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_watchdog_stops_renewing_and_the_lease_expires() {
+    let nodes = RedisNodes::start(3, Persistence::None).expect("start redis-server");
+    let client = engine(nodes.urls(), "test/dropped-watchdog");
+    let ttl = SECOND;
+    let lease = client.try_acquire("dropped", ttl).await.expect("acquire");
+    let key = client.lock_key("dropped");
+    let watchdog = Watchdog::spawn(client.clone(), lease, LeaseTiming::from_ttl(ttl));
+    // Renewing while held: the key outlives its first TTL.
+    tokio::time::sleep(2 * ttl).await;
+    assert_eq!(
+        nodes.count_key(&key),
+        3,
+        "renewed while the watchdog is held"
+    );
+    drop(watchdog);
+    // Without renewals the key is gone within a TTL (plus a renewal that was in flight).
+    tokio::time::sleep(3 * ttl).await;
+    assert_eq!(
+        nodes.count_key(&key),
+        0,
+        "a dropped watchdog renewed the lease on"
+    );
+    let other = engine(nodes.urls(), "test/next-holder");
+    other
+        .try_acquire("dropped", ttl)
+        .await
+        .expect("the next holder takes the expired lock");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn watchdog_keeps_the_lease_alive_then_fires_before_the_deadline_on_quorum_loss() {
     let mut nodes = RedisNodes::start(3, Persistence::None).expect("start redis-server");

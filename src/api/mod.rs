@@ -3,7 +3,9 @@
 
 mod validate;
 
-pub use validate::{describe, validate, SpecError, ValidSpec, MAX_NAME_LENGTH, STOP_SLACK_SECONDS};
+pub use validate::{
+    describe, validate, SpecError, ValidSpec, MAX_JOB_NAME, MAX_NAME_LENGTH, STOP_SLACK_SECONDS,
+};
 
 use k8s_openapi::api::batch::v1::JobTemplateSpec;
 use k8s_openapi::api::core::v1::ObjectReference;
@@ -15,7 +17,7 @@ use serde::{Deserialize, Serialize};
 pub const API_GROUP: &str = "lockedjob.dev";
 pub const API_VERSION: &str = "v1alpha1";
 
-/// Annotations on every Job the operator creates (DESIGN.md).
+/// Annotations on every Job the operator creates (docs/design.md, "Names").
 pub const ANNOTATION_FENCING_TOKEN: &str = "lockedjob.dev/fencing-token";
 pub const ANNOTATION_LOCK_VALUE: &str = "lockedjob.dev/lock-value";
 pub const ANNOTATION_HOLDER: &str = "lockedjob.dev/holder";
@@ -23,7 +25,7 @@ pub const ANNOTATION_SCHEDULED_TIME: &str = "lockedjob.dev/scheduled-time";
 /// Set on a LockedJob to start a run now, like `kubectl create job --from=cronjob/x`.
 pub const ANNOTATION_RUN_NOW: &str = "lockedjob.dev/run-now";
 
-/// Environment given to every Job pod (DESIGN.md).
+/// Environment given to every Job pod (docs/design.md, "Names").
 pub const ENV_FENCING_TOKEN: &str = "LOCKEDJOB_FENCING_TOKEN";
 pub const ENV_LOCK_NAME: &str = "LOCKEDJOB_LOCK_NAME";
 pub const ENV_SCHEDULED_TIME: &str = "LOCKEDJOB_SCHEDULED_TIME";

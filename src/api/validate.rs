@@ -3,13 +3,16 @@
 
 use super::{ConcurrencyPolicy, LockedJobSpec};
 use crate::redlock::{LeaseTiming, DEFAULT_DRIFT_FACTOR};
-use crate::schedule::{Concurrency, Policy, Schedule, MAX_JOB_NAME};
+use crate::schedule::{Concurrency, Policy, Schedule};
 use jiff::SignedDuration;
 use std::fmt;
 use std::time::Duration;
 
 /// Longest LockedJob name: the Job name appends `-` and up to 10 digits and must stay a valid
 /// label value (63 characters), as with CronJob's 52.
+/// Kubernetes' limit for label values, which the Job controller copies the Job name into.
+pub const MAX_JOB_NAME: usize = 63;
+
 pub const MAX_NAME_LENGTH: usize = MAX_JOB_NAME - 11;
 /// Longest lock name (it becomes part of two Redis keys).
 pub const MAX_LOCK_NAME_LENGTH: usize = 200;

@@ -18,15 +18,64 @@ use tracing::Instrument;
 /// The API server's limit for an Event's note.
 const MAX_NOTE_BYTES: usize = 1024;
 
-/// Publishes a Normal (or, with `warning`, a Warning) Event about `lj` in the background; a
-/// failure is logged as a warning (Events are best effort, but a refused one is a bug to see).
-pub fn publish(ctx: &Context, lj: &LockedJob, warning: bool, reason: &str, note: String) {
+/// Why an Event is published; each reason has one type (Normal or Warning).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reason {
+    /// The lock was won for a run.
+    Acquired,
+    /// The run's Job was created.
+    Created,
+    /// The Job finished successfully.
+    Completed,
+    /// The Job failed.
+    Failed,
+    /// The API server refused the won run's Job: that time is skipped.
+    CreateFailed,
+    /// Quorum was lost mid-run.
+    LockLost,
+    /// A replica took over a run whose holder vanished.
+    Adopted,
+    /// This cluster's Job was deleted because another cluster holds the lock.
+    OrphanDeleted,
+    InvalidSpec,
+    InvalidRunNow,
+    TooManyMissedTimes,
+}
+
+impl Reason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::Acquired => "Acquired",
+            Reason::Created => "Created",
+            Reason::Completed => "Completed",
+            Reason::Failed => "Failed",
+            Reason::CreateFailed => "CreateFailed",
+            Reason::LockLost => "LockLost",
+            Reason::Adopted => "Adopted",
+            Reason::OrphanDeleted => "OrphanDeleted",
+            Reason::InvalidSpec => "InvalidSpec",
+            Reason::InvalidRunNow => "InvalidRunNow",
+            Reason::TooManyMissedTimes => "TooManyMissedTimes",
+        }
+    }
+
+    pub fn is_warning(self) -> bool {
+        !matches!(
+            self,
+            Reason::Acquired | Reason::Created | Reason::Completed | Reason::Adopted
+        )
+    }
+}
+
+/// Publishes an Event about `lj` in the background; a failure is logged as a warning (Events
+/// are best effort, but a refused one is a bug to see).
+pub fn publish(ctx: &Context, lj: &LockedJob, reason: Reason, note: String) {
     let Some(namespace) = lj.namespace() else {
         return;
     };
-    let event = build(lj, &ctx.holder, warning, reason, note, Timestamp::now());
+    let event = build(lj, &ctx.holder, reason, note, Timestamp::now());
     let api: Api<Event> = Api::namespaced(ctx.client.clone(), &namespace);
-    tokio::spawn(
+    ctx.tasks.spawn(
         async move {
             if let Err(e) = api.create(&PostParams::default(), &event).await {
                 tracing::warn!(error = %e, "event not recorded");
@@ -39,8 +88,7 @@ pub fn publish(ctx: &Context, lj: &LockedJob, warning: bool, reason: &str, note:
 fn build(
     lj: &LockedJob,
     instance: &str,
-    warning: bool,
-    reason: &str,
+    reason: Reason,
     mut note: String,
     now: Timestamp,
 ) -> Event {
@@ -60,9 +108,16 @@ fn build(
             ..Default::default()
         },
         event_time: Some(MicroTime(now)),
-        type_: Some(if warning { "Warning" } else { "Normal" }.into()),
-        reason: Some(reason.into()),
-        action: Some(reason.into()),
+        type_: Some(
+            if reason.is_warning() {
+                "Warning"
+            } else {
+                "Normal"
+            }
+            .into(),
+        ),
+        reason: Some(reason.as_str().into()),
+        action: Some(reason.as_str().into()),
         note: Some(note),
         regarding: Some(lj.object_ref(&())),
         reporting_controller: Some(MANAGER.into()),
@@ -88,7 +143,7 @@ mod tests {
     #[test]
     fn event_names_its_object_reporter_and_kind() {
         let now = Timestamp::from_second(1_800_000_000).expect("time");
-        let event = build(&locked_job(), "c1/r0", true, "LockLost", "gone".into(), now);
+        let event = build(&locked_job(), "c1/r0", Reason::LockLost, "gone".into(), now);
         assert_eq!(event.type_.as_deref(), Some("Warning"));
         assert_eq!(event.reason.as_deref(), Some("LockLost"));
         assert_eq!(event.reporting_instance.as_deref(), Some("c1/r0"));
@@ -130,8 +185,7 @@ mod tests {
             let event = build(
                 &lj,
                 "c1/r0",
-                false,
-                "Created",
+                Reason::Created,
                 String::new(),
                 Timestamp::now(),
             );
@@ -146,8 +200,7 @@ mod tests {
         let event = build(
             &locked_job(),
             "c1/r0",
-            false,
-            "Created",
+            Reason::Created,
             note,
             Timestamp::now(),
         );

@@ -28,7 +28,7 @@ pub struct RunIdentity<'a> {
     pub manual: bool,
 }
 
-/// The Job for one run: the template, plus owner reference, label, the DESIGN.md annotations,
+/// The Job for one run: the template, plus owner reference, label, the annotations of docs/design.md,
 /// and the run's environment appended to every container (after the template's own env, so a
 /// template cannot shadow the token).
 pub fn build_job(locked_job: &LockedJob, run: &RunIdentity<'_>) -> Job {
@@ -127,6 +127,36 @@ pub fn expired_history(jobs: &[Job], successful_limit: usize, failed_limit: usiz
         doomed.extend(finished.iter().take(excess).map(|j| j.name_any()));
     }
     doomed
+}
+
+/// The Job name for a run, derived from the LockedJob's name and the scheduled time, as
+/// CronJob does: minutes since the epoch, or seconds for schedules with a seconds field. Every
+/// replica and cluster derives the same name, so a second create for the same run collides.
+pub fn job_name(locked_job: &str, scheduled: Timestamp, has_seconds: bool) -> String {
+    let stamp = if has_seconds {
+        scheduled.as_second()
+    } else {
+        scheduled.as_second().div_euclid(60)
+    };
+    format!("{locked_job}-{stamp}")
+}
+
+/// The Job name of a run requested with `lockedjob.dev/run-now` for `requested`: deterministic,
+/// so replicas racing for it create one Job, and distinct from every scheduled run's name
+/// (`-m` then the seconds in base 36: at most 9 characters, so a 52-character LockedJob name
+/// still fits the 63 a Job name may have).
+pub fn manual_job_name(locked_job: &str, requested: Timestamp) -> String {
+    let mut seconds = requested.as_second().max(0) as u64;
+    let mut digits = Vec::new();
+    loop {
+        digits.push(b"0123456789abcdefghijklmnopqrstuvwxyz"[(seconds % 36) as usize]);
+        seconds /= 36;
+        if seconds == 0 {
+            break;
+        }
+    }
+    digits.reverse();
+    format!("{locked_job}-m{}", String::from_utf8_lossy(&digits))
 }
 
 #[cfg(test)]
@@ -249,5 +279,49 @@ mod tests {
                 "limits {ok}/{bad}"
             );
         }
+    }
+
+    fn ts(s: &str) -> Timestamp {
+        s.parse().unwrap_or_else(|e| panic!("{s}: {e}"))
+    }
+
+    #[test]
+    fn job_names_are_deterministic_and_fit_label_limits() {
+        let t = ts("2026-01-01T00:02:00Z");
+        assert_eq!(
+            job_name("report", t, false),
+            format!("report-{}", t.as_second() / 60)
+        );
+        assert_eq!(
+            job_name("report", t, true),
+            format!("report-{}", t.as_second())
+        );
+        let longest = "x".repeat(crate::api::MAX_NAME_LENGTH);
+        // Seconds-resolution names stay within the limit for millennia.
+        let far = ts("2286-11-20T17:46:39Z");
+        assert!(job_name(&longest, far, true).len() <= crate::api::MAX_JOB_NAME);
+    }
+
+    #[test]
+    fn manual_run_names_are_deterministic_distinct_and_short_enough() {
+        let table = [
+            ("1970-01-01T00:00:00Z", "report-m0"),
+            ("1970-01-01T00:00:35Z", "report-mz"),
+            ("1970-01-01T00:00:36Z", "report-m10"),
+            ("2026-12-02T17:00:00Z", "report-mtpfgk0"),
+        ];
+        for (at, expected) in table {
+            let t = ts(at);
+            assert_eq!(manual_job_name("report", t), expected, "{at}");
+            assert_eq!(manual_job_name("report", t), manual_job_name("report", t));
+            assert_ne!(manual_job_name("report", t), job_name("report", t, true));
+        }
+        let longest = "x".repeat(crate::api::MAX_NAME_LENGTH);
+        let far = ts("2286-11-20T17:46:39Z");
+        assert!(manual_job_name(&longest, far).len() <= crate::api::MAX_JOB_NAME);
+        assert_ne!(
+            manual_job_name("report", ts("2026-01-01T00:00:01Z")),
+            manual_job_name("report", ts("2026-01-01T00:00:02Z"))
+        );
     }
 }

@@ -1,5 +1,5 @@
 //! `lockedjob operator`: every replica reconciles every LockedJob; at each due time the replicas
-//! race for the lock and only the winner creates and supervises the Job (DESIGN.md, "A run's
+//! race for the lock and only the winner creates and supervises the Job (docs/design.md, "A run's
 //! life in the operator").
 
 mod events;
@@ -24,6 +24,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 /// Finalizer on every LockedJob: on delete, its Jobs are stopped and its lock released first.
 pub const FINALIZER: &str = "lockedjob.dev/cleanup";
@@ -82,6 +83,9 @@ pub struct Context {
     pub job_caches: Vec<(Option<String>, Store<Job>)>,
     /// Bounds this replica's lock attempts in flight (renewals are not bounded here).
     pub lock_attempts: tokio::sync::Semaphore,
+    /// Every task a reconcile starts (runs, adoptions, Events): shutdown waits for them, so a
+    /// run between winning its lock and supervising its Job still hands the lock over.
+    pub tasks: TaskTracker,
 }
 
 /// Lock attempts one replica has in flight at most. When a thousand LockedJobs fall due in the
@@ -109,10 +113,10 @@ impl Context {
         keep: impl Fn(&Job) -> bool,
     ) -> Result<Vec<Arc<Job>>, Error> {
         let cache = self.job_cache(namespace).ok_or(Error::JobCacheGone)?;
-        cache
-            .wait_until_ready()
-            .await
-            .map_err(|_| Error::JobCacheGone)?;
+        // Many reconciles wait on this cache at start-up: see `store_ready`.
+        if !store_ready(|| cache.wait_until_ready()).await {
+            return Err(Error::JobCacheGone);
+        }
         Ok(cache
             .state_filter(|job| job.metadata.namespace.as_deref() == Some(namespace) && keep(job)))
     }
@@ -152,14 +156,14 @@ pub async fn run(args: OperatorArgs) -> i32 {
     let engine = match Redlock::new(config) {
         Ok(engine) => engine,
         Err(e) => {
-            eprintln!("lockedjob operator: {e}");
+            tracing::error!(error = %e, "bad Redis configuration; the operator cannot start");
             return EXIT_CONFIG;
         }
     };
     let client = match Client::try_default().await {
         Ok(client) => client,
         Err(e) => {
-            eprintln!("lockedjob operator: cannot build a Kubernetes client (in-cluster config or KUBECONFIG): {e}");
+            tracing::error!(error = %e, "cannot build a Kubernetes client (in-cluster config or KUBECONFIG)");
             return EXIT_CONFIG;
         }
     };
@@ -209,16 +213,14 @@ pub async fn run(args: OperatorArgs) -> i32 {
         synced: AtomicBool::new(false),
         job_caches,
         lock_attempts: tokio::sync::Semaphore::new(MAX_LOCK_ATTEMPTS_IN_FLIGHT),
+        tasks: TaskTracker::new(),
     });
     tracing::info!(holder = %ctx.holder, nodes = ?ctx.engine.node_labels(), namespaces = ?args.namespaces, "lockedjob operator starting");
 
     let health = match health::serve(args.metrics_addr, Arc::clone(&ctx)).await {
         Ok(task) => task,
         Err(e) => {
-            eprintln!(
-                "lockedjob operator: cannot listen on {}: {e}",
-                args.metrics_addr
-            );
+            tracing::error!(addr = %args.metrics_addr, error = %e, "cannot listen for /healthz, /readyz and /metrics");
             return EXIT_CONFIG;
         }
     };
@@ -271,12 +273,17 @@ pub async fn run(args: OperatorArgs) -> i32 {
     });
     futures::future::join_all(controllers).await;
 
-    // Runs hand themselves over on shutdown (they release their locks); give them a moment.
-    for _ in 0..100 {
-        if ctx.supervised.lock().map(|s| s.is_empty()).unwrap_or(true) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
+    // Runs hand themselves over on shutdown (they release their locks): wait for every one,
+    // including runs still acquiring or creating their Job, within the pod's grace period.
+    ctx.tasks.close();
+    if tokio::time::timeout(SHUTDOWN_WAIT, ctx.tasks.wait())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            unfinished = ctx.tasks.len(),
+            "runs still busy at exit; their leases expire by themselves"
+        );
     }
     probe.abort();
     signals.abort();
@@ -306,6 +313,10 @@ where
 }
 
 const STORE_READY_POLL: Duration = Duration::from_millis(200);
+
+/// How long shutdown waits for the runs to hand over: within the chart's 30-second
+/// termination grace period, and longer than a Job create that retries while its lease lasts.
+const SHUTDOWN_WAIT: Duration = Duration::from_secs(25);
 
 /// The API of `K` in one watched scope: a namespace, or all of them.
 fn scoped_api<K>(client: &Client, scope: &Option<String>) -> Api<K>

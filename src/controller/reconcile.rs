@@ -2,10 +2,10 @@
 //! clean up history, report status. Runs happen in their own tasks; reconcile never blocks on
 //! a lock or a Job.
 
-use super::events;
+use super::events::{self, Reason};
 use super::jobs::{expired_history, job_state, scheduled_time, JobState, LABEL_LOCKED_JOB};
 use super::run;
-use super::status::set_condition;
+use super::status::{set_condition, ConditionUpdate};
 use super::{Context, Error, FINALIZER};
 use crate::api::{conditions, describe, validate, LockedJob, ANNOTATION_RUN_NOW};
 use crate::schedule::{next_action, parse_run_now, Decision, History, SkipReason, TOO_MANY_MISSED};
@@ -121,20 +121,24 @@ async fn reconcile_inner(
                 tracing::warn!(%message, "invalid spec");
                 set_condition(
                     &mut conditions,
-                    conditions::INVALID_SPEC,
-                    true,
-                    "InvalidSpec",
-                    &message,
-                    generation,
+                    ConditionUpdate {
+                        kind: conditions::INVALID_SPEC,
+                        status: true,
+                        reason: "InvalidSpec",
+                        message: &message,
+                        generation,
+                    },
                     now,
                 );
                 set_condition(
                     &mut conditions,
-                    conditions::READY,
-                    false,
-                    "InvalidSpec",
-                    &message,
-                    generation,
+                    ConditionUpdate {
+                        kind: conditions::READY,
+                        status: false,
+                        reason: "InvalidSpec",
+                        message: &message,
+                        generation,
+                    },
                     now,
                 );
                 let patch =
@@ -142,7 +146,7 @@ async fn reconcile_inner(
                 lockedjobs
                     .patch_status(&name, &PatchParams::default(), &Patch::Merge(patch))
                     .await?;
-                events::publish(&ctx, &lj, true, "InvalidSpec", message);
+                events::publish(&ctx, &lj, Reason::InvalidSpec, message);
             }
             return Ok(Action::await_change());
         }
@@ -152,7 +156,7 @@ async fn reconcile_inner(
     if let Some(value) = lj.annotations().get(ANNOTATION_RUN_NOW) {
         match parse_run_now(value) {
             Ok(requested) => {
-                tokio::spawn(run::start(
+                ctx.tasks.spawn(run::start(
                     Arc::clone(&ctx),
                     Arc::clone(&lj),
                     valid.clone(),
@@ -162,7 +166,7 @@ async fn reconcile_inner(
             }
             Err(message) => {
                 tracing::warn!(%message, "invalid run-now request");
-                events::publish(&ctx, &lj, true, "InvalidRunNow", message);
+                events::publish(&ctx, &lj, Reason::InvalidRunNow, message);
                 run::clear_run_now(&ctx, &lj, value).await;
             }
         }
@@ -184,7 +188,7 @@ async fn reconcile_inner(
                 valid.timing.renew_interval,
             )
         {
-            tokio::spawn(run::check_orphan(
+            ctx.tasks.spawn(run::check_orphan(
                 Arc::clone(&ctx),
                 Arc::clone(&lj),
                 valid.clone(),
@@ -219,7 +223,7 @@ async fn reconcile_inner(
             next,
         } => {
             if *missed > TOO_MANY_MISSED {
-                events::publish(&ctx, &lj, true, "TooManyMissedTimes", format!(
+                events::publish(&ctx, &lj, Reason::TooManyMissedTimes, format!(
                     "more than {TOO_MANY_MISSED} missed start times; running only the latest. Set or decrease spec.startingDeadlineSeconds or check clock skew"));
             }
             let replace = if *replace_active {
@@ -227,7 +231,7 @@ async fn reconcile_inner(
             } else {
                 Vec::new()
             };
-            tokio::spawn(run::start(
+            ctx.tasks.spawn(run::start(
                 Arc::clone(&ctx),
                 Arc::clone(&lj),
                 valid.clone(),
@@ -263,11 +267,13 @@ async fn reconcile_inner(
     let nodes = ctx.nodes();
     set_condition(
         &mut conditions,
-        conditions::INVALID_SPEC,
-        false,
-        "Valid",
-        "the spec is valid",
-        generation,
+        ConditionUpdate {
+            kind: conditions::INVALID_SPEC,
+            status: false,
+            reason: "Valid",
+            message: "the spec is valid",
+            generation,
+        },
         now,
     );
     let ready_message = match next {
@@ -277,24 +283,28 @@ async fn reconcile_inner(
     };
     set_condition(
         &mut conditions,
-        conditions::READY,
-        true,
-        "Scheduling",
-        &ready_message,
-        generation,
+        ConditionUpdate {
+            kind: conditions::READY,
+            status: true,
+            reason: "Scheduling",
+            message: &ready_message,
+            generation,
+        },
         now,
     );
     let degraded = reachable < nodes;
     set_condition(
         &mut conditions,
-        conditions::REDIS_DEGRADED,
-        degraded,
-        if degraded { "NodesDown" } else { "AllNodesUp" },
-        &format!(
-            "{reachable} of {nodes} Redis nodes answer (quorum {})",
-            ctx.engine.quorum()
-        ),
-        None,
+        ConditionUpdate {
+            kind: conditions::REDIS_DEGRADED,
+            status: degraded,
+            reason: if degraded { "NodesDown" } else { "AllNodesUp" },
+            message: &format!(
+                "{reachable} of {nodes} Redis nodes answer (quorum {})",
+                ctx.engine.quorum()
+            ),
+            generation: None,
+        },
         now,
     );
     let active_refs: Vec<ObjectReference> = active

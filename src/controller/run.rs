@@ -2,12 +2,12 @@
 //! up (deleting the Job before the lease deadline) when the lease is lost. Also adoption of
 //! Jobs whose holder vanished.
 
-use super::events;
+use super::events::{self, Reason};
 use super::jobs::{build_job, job_state, JobState, RunIdentity};
-use super::status::set_condition;
+use super::status::{set_condition, ConditionUpdate};
 use super::{Context, MANAGER};
 use crate::api::{conditions, LockedJob, RunOutcome, RunRecord, ValidSpec, ANNOTATION_RUN_NOW};
-use crate::metrics;
+use crate::metrics::{self, RunResult};
 use crate::redlock::{Lease, LeaseTiming, LockError, Watchdog};
 use jiff::Timestamp;
 use k8s_openapi::api::batch::v1::Job;
@@ -58,14 +58,8 @@ async fn patch_status(ctx: &Context, lj: &LockedJob, status: serde_json::Value) 
 }
 
 /// Read-modify-write of the conditions, guarded by resourceVersion, retried on conflict.
-async fn update_condition(
-    ctx: &Context,
-    lj: &LockedJob,
-    kind: &str,
-    value: bool,
-    reason: &str,
-    message: &str,
-) {
+/// (The update's generation is replaced by the current object's.)
+async fn update_condition(ctx: &Context, lj: &LockedJob, update: ConditionUpdate<'_>) {
     let api: Api<LockedJob> =
         Api::namespaced(ctx.client.clone(), &lj.namespace().unwrap_or_default());
     for _ in 0..5 {
@@ -73,15 +67,11 @@ async fn update_condition(
             return;
         };
         let mut conditions = current.status.clone().unwrap_or_default().conditions;
-        set_condition(
-            &mut conditions,
-            kind,
-            value,
-            reason,
-            message,
-            current.metadata.generation,
-            Timestamp::now(),
-        );
+        let update = ConditionUpdate {
+            generation: current.metadata.generation,
+            ..update
+        };
+        set_condition(&mut conditions, update, Timestamp::now());
         let patch = json!({"metadata": {"resourceVersion": current.resource_version()}, "status": {"conditions": conditions}});
         match tokio::time::timeout(
             API_CALL_LIMIT,
@@ -312,8 +302,7 @@ async fn start_inner(
     events::publish(
         &ctx,
         &lj,
-        false,
-        "Acquired",
+        Reason::Acquired,
         format!(
             "lock {} acquired by {} with fencing token {} for {scheduled}",
             valid.lock_name,
@@ -330,9 +319,9 @@ async fn start_inner(
         .await;
     }
     let job_name = if manual {
-        crate::schedule::manual_job_name(&lj.name_any(), scheduled)
+        super::jobs::manual_job_name(&lj.name_any(), scheduled)
     } else {
-        crate::schedule::job_name(
+        super::jobs::job_name(
             &lj.name_any(),
             scheduled,
             valid.policy.schedule.has_seconds(),
@@ -362,8 +351,7 @@ async fn start_inner(
             events::publish(
                 &ctx,
                 &lj,
-                false,
-                "Created",
+                Reason::Created,
                 format!(
                     "created Job {job_name} for {scheduled} (token {})",
                     lease.token()
@@ -375,12 +363,11 @@ async fn start_inner(
         }
         Created::Failed(message) => {
             tracing::error!(job = %job_name, error = %message, "Job not created; this scheduled time is skipped");
-            metrics::record_run("create_failed");
+            metrics::record_run(RunResult::CreateFailed);
             events::publish(
                 &ctx,
                 &lj,
-                true,
-                "CreateFailed",
+                Reason::CreateFailed,
                 format!(
                     "cannot create Job {job_name} for {scheduled}, the run is skipped: {message}"
                 ),
@@ -521,7 +508,7 @@ pub async fn supervise(
         End::LockLost => {
             let deadline = watchdog.status().deadline;
             let _ = watchdog.stop().await;
-            metrics::record_run("lock_lost");
+            metrics::record_run(RunResult::LockLost);
             // Someone else holding the lock now (we were paused, they adopted the Job) owns
             // the Job; otherwise nobody may run it without a lease: stop it before our deadline.
             let other = ctx.engine.current_holder(lease.name()).await;
@@ -547,16 +534,15 @@ pub async fn supervise(
                     format!("lease on {} lost (no Redis quorum renewed it); Job {job_name} deleted before the lease deadline", lease.name())
                 }
             };
-            events::publish(&ctx, &lj, true, "LockLost", message.clone());
-            update_condition(
-                &ctx,
-                &lj,
-                conditions::LOCK_LOST,
-                true,
-                "LeaseLost",
-                &message,
-            )
-            .await;
+            events::publish(&ctx, &lj, Reason::LockLost, message.clone());
+            let update = ConditionUpdate {
+                kind: conditions::LOCK_LOST,
+                status: true,
+                reason: "LeaseLost",
+                message: &message,
+                generation: None,
+            };
+            update_condition(&ctx, &lj, update).await;
             patch_status(&ctx, &lj, json!({"lastRun": record(&lease, &job_name, scheduled, RunOutcome::LockLost, Some(message))})).await;
         }
         End::HandedOver => {
@@ -566,25 +552,24 @@ pub async fn supervise(
         }
         End::Gone => {
             watchdog.release(&ctx.engine).await;
-            metrics::record_run("stopped");
+            metrics::record_run(RunResult::Stopped);
             patch_status(&ctx, &lj, json!({"lastRun": record(&lease, &job_name, scheduled, RunOutcome::Stopped, Some("the Job was deleted".into()))})).await;
         }
         End::Finished(state) => {
             let held = watchdog.release(&ctx.engine).await;
             let (outcome, reason) = match state {
-                JobState::Succeeded => (RunOutcome::Succeeded, "Completed"),
-                _ => (RunOutcome::Failed, "Failed"),
+                JobState::Succeeded => (RunOutcome::Succeeded, Reason::Completed),
+                _ => (RunOutcome::Failed, Reason::Failed),
             };
             metrics::record_run(if outcome == RunOutcome::Succeeded {
-                "succeeded"
+                RunResult::Succeeded
             } else {
-                "failed"
+                RunResult::Failed
             });
             tracing::info!(job = %job_name, ?outcome, lease_held = held, "run finished; lock released");
             events::publish(
                 &ctx,
                 &lj,
-                outcome != RunOutcome::Succeeded,
                 reason,
                 format!(
                     "Job {job_name} {}",
@@ -604,15 +589,14 @@ pub async fn supervise(
             if lj.status.as_ref().is_some_and(|s| {
                 super::status::condition_is_true(&s.conditions, conditions::LOCK_LOST)
             }) {
-                update_condition(
-                    &ctx,
-                    &lj,
-                    conditions::LOCK_LOST,
-                    false,
-                    "LeaseHeld",
-                    "the last run kept its lease",
-                )
-                .await;
+                let update = ConditionUpdate {
+                    kind: conditions::LOCK_LOST,
+                    status: false,
+                    reason: "LeaseHeld",
+                    message: "the last run kept its lease",
+                    generation: None,
+                };
+                update_condition(&ctx, &lj, update).await;
             }
         }
     }
@@ -638,7 +622,7 @@ pub async fn check_orphan(ctx: Arc<Context>, lj: Arc<LockedJob>, valid: ValidSpe
                 tracing::warn!(%holder, "another cluster holds the lock: deleting this cluster's orphaned Job");
                 let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), &namespace);
                 bounded(API_CALL_LIMIT, jobs.delete(&job_name, &DeleteParams::foreground())).await;
-                events::publish(&ctx, &lj, true, "OrphanDeleted", format!("Job {job_name} deleted: lock {} is held by {holder}", valid.lock_name));
+                events::publish(&ctx, &lj, Reason::OrphanDeleted, format!("Job {job_name} deleted: lock {} is held by {holder}", valid.lock_name));
                 None
             }
             None => match ctx.engine.try_acquire(&valid.lock_name, valid.timing.ttl).await {
@@ -654,7 +638,7 @@ pub async fn check_orphan(ctx: Arc<Context>, lj: Arc<LockedJob>, valid: ValidSpe
                     }
                     tracing::Span::current().record("token", lease.token());
                     tracing::info!("holder gone: lock acquired afresh, adopting the Job");
-                    events::publish(&ctx, &lj, false, "Adopted", format!("Job {job_name} adopted by {} with token {}", lease.holder(), lease.token()));
+                    events::publish(&ctx, &lj, Reason::Adopted, format!("Job {job_name} adopted by {} with token {}", lease.holder(), lease.token()));
                     Some(lease)
                 }
                 Err(_) => None,

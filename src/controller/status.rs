@@ -3,16 +3,27 @@
 use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
-/// Sets condition `kind`, keeping `lastTransitionTime` when its status did not change.
-pub fn set_condition(
-    conditions: &mut Vec<Condition>,
-    kind: &str,
-    status: bool,
-    reason: &str,
-    message: &str,
-    generation: Option<i64>,
-    now: Timestamp,
-) {
+/// One condition as a run or a reconcile wants it.
+#[derive(Debug, Clone, Copy)]
+pub struct ConditionUpdate<'a> {
+    /// The condition type (`api::conditions`).
+    pub kind: &'a str,
+    pub status: bool,
+    pub reason: &'a str,
+    pub message: &'a str,
+    /// The generation it describes; `None` for conditions about the world, not the spec.
+    pub generation: Option<i64>,
+}
+
+/// Sets the condition, keeping `lastTransitionTime` when its status did not change.
+pub fn set_condition(conditions: &mut Vec<Condition>, update: ConditionUpdate<'_>, now: Timestamp) {
+    let ConditionUpdate {
+        kind,
+        status,
+        reason,
+        message,
+        generation,
+    } = update;
     let status = if status { "True" } else { "False" };
     let previous = conditions.iter().position(|c| c.type_ == kind);
     let transition = match previous.map(|i| &conditions[i]) {
@@ -51,20 +62,24 @@ mod tests {
         let mut conditions = Vec::new();
         set_condition(
             &mut conditions,
-            "Ready",
-            true,
-            "Scheduling",
-            "ok",
-            Some(1),
+            ConditionUpdate {
+                kind: "Ready",
+                status: true,
+                reason: "Scheduling",
+                message: "ok",
+                generation: Some(1),
+            },
             t0,
         );
         set_condition(
             &mut conditions,
-            "Ready",
-            true,
-            "Scheduling",
-            "still ok",
-            Some(2),
+            ConditionUpdate {
+                kind: "Ready",
+                status: true,
+                reason: "Scheduling",
+                message: "still ok",
+                generation: Some(2),
+            },
             t1,
         );
         assert_eq!(conditions.len(), 1);
@@ -73,22 +88,26 @@ mod tests {
         assert_eq!(conditions[0].observed_generation, Some(2));
         set_condition(
             &mut conditions,
-            "Ready",
-            false,
-            "InvalidSpec",
-            "bad",
-            Some(3),
+            ConditionUpdate {
+                kind: "Ready",
+                status: false,
+                reason: "InvalidSpec",
+                message: "bad",
+                generation: Some(3),
+            },
             t2,
         );
         assert_eq!(conditions[0].last_transition_time.0, t2);
         assert!(!condition_is_true(&conditions, "Ready"));
         set_condition(
             &mut conditions,
-            "LockLost",
-            true,
-            "QuorumLost",
-            "x",
-            None,
+            ConditionUpdate {
+                kind: "LockLost",
+                status: true,
+                reason: "QuorumLost",
+                message: "x",
+                generation: None,
+            },
             t2,
         );
         assert!(condition_is_true(&conditions, "LockLost"));

@@ -6,7 +6,7 @@ use super::timing::drift_allowance;
 use redis::{ConnectionAddr, IntoConnectionInfo};
 use std::time::Duration;
 
-/// Defaults of the protocol (DESIGN.md).
+/// Defaults of the protocol (docs/design.md).
 pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_millis(50);
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
 pub const DEFAULT_DRIFT_FACTOR: f64 = 0.01;
@@ -95,10 +95,18 @@ impl RedlockConfig {
 /// `{clusterId}/{podName}` from the environment the operator and `exec` run in.
 pub fn default_holder() -> String {
     let cluster = std::env::var("LOCKEDJOB_CLUSTER_ID").unwrap_or_else(|_| "local".into());
-    let pod = std::env::var("POD_NAME")
-        .or_else(|_| std::env::var("HOSTNAME"))
-        .unwrap_or_else(|_| format!("pid-{}", std::process::id()));
-    format!("{cluster}/{pod}")
+    holder(&cluster, std::env::var("POD_NAME").ok().as_deref())
+}
+
+/// `{clusterId}/{runner}`: the runner's name, else this host's, else this process's id. The
+/// one place a holder is spelled, for the operator, `exec` and the engine's default alike.
+pub fn holder(cluster_id: &str, runner: Option<&str>) -> String {
+    let runner = runner
+        .filter(|r| !r.is_empty())
+        .map(str::to_string)
+        .or_else(|| std::env::var("HOSTNAME").ok().filter(|h| !h.is_empty()))
+        .unwrap_or_else(|| format!("pid-{}", std::process::id()));
+    format!("{cluster_id}/{runner}")
 }
 
 /// Splits `a,b , c` (as in `--redis` or `LOCKEDJOB_REDIS_URLS`) into URLs.

@@ -1,4 +1,4 @@
-//! Redlock over N independent nodes, with a two-phase fencing token (DESIGN.md).
+//! Redlock over N independent nodes, with a two-phase fencing token (docs/design.md, "Redlock, as this project does it").
 
 use super::config::RedlockConfig;
 use super::error::ConfigError;

@@ -11,7 +11,7 @@ pub mod timing;
 mod watchdog;
 
 pub use config::{
-    default_holder, split_node_list, Credentials, LeaseTiming, RedlockConfig,
+    default_holder, holder, split_node_list, Credentials, LeaseTiming, RedlockConfig,
     DEFAULT_CONNECT_TIMEOUT, DEFAULT_DRIFT_FACTOR, DEFAULT_KEY_PREFIX, DEFAULT_REQUEST_TIMEOUT,
     DEFAULT_TTL,
 };

@@ -4,6 +4,10 @@
 //! `deadline - safety_margin`, the lease is lost: the `lost` token is cancelled and the task
 //! ends without ever renewing again, even if a later renewal would have worked. The holder must
 //! stop its work and acquire afresh.
+//!
+//! Renewal lives only as long as the `Watchdog` handle: dropping it (a holder that returns
+//! early or panics without `stop()`) ends the renewals, and the lease then expires by itself
+//! instead of being kept alive by a detached task forever.
 
 use super::config::LeaseTiming;
 use super::engine::Redlock;
@@ -12,7 +16,7 @@ use crate::metrics;
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
-use tokio_util::sync::CancellationToken;
+use tokio_util::sync::{CancellationToken, DropGuard};
 
 /// What the watchdog publishes after each round.
 #[derive(Debug, Clone, Copy)]
@@ -40,6 +44,8 @@ pub struct Watchdog {
     task: JoinHandle<WatchdogEnd>,
     name: String,
     token: u64,
+    /// Cancels `stop` when the handle goes away without `stop()`.
+    _stop_on_drop: DropGuard,
 }
 
 impl Watchdog {
@@ -57,6 +63,7 @@ impl Watchdog {
         let task = tokio::spawn(run(engine, lease, timing, lost.clone(), stop.clone(), tx));
         Self {
             lost,
+            _stop_on_drop: stop.clone().drop_guard(),
             stop,
             status,
             task,

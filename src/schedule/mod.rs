@@ -66,10 +66,9 @@ impl Schedule {
             zone_name,
             has_seconds,
         };
-        // Patterns like "0 0 30 2 *" parse but never fire.
-        if schedule.next_after(Timestamp::UNIX_EPOCH).is_none()
-            && schedule.next_after(Timestamp::now()).is_none()
-        {
+        // Patterns like "0 0 30 2 *" parse but never fire. Searched from a fixed instant, so
+        // parsing reads no clock: a pattern that matches some date matches one after 1970.
+        if schedule.next_after(Timestamp::UNIX_EPOCH).is_none() {
             return Err(bad("it never matches a real date".into()));
         }
         Ok(schedule)
@@ -211,39 +210,6 @@ pub fn next_action(policy: &Policy, now: Timestamp, history: &History) -> Decisi
         missed: schedule.count_between(earliest, now, TOO_MANY_MISSED + 1),
         next,
     }
-}
-
-/// Kubernetes' limit for label values, which the Job controller copies the Job name into.
-pub const MAX_JOB_NAME: usize = 63;
-
-/// The Job name for a run, derived from the LockedJob's name and the scheduled time, as
-/// CronJob does: minutes since the epoch, or seconds for schedules with a seconds field. Every
-/// replica and cluster derives the same name, so a second create for the same run collides.
-pub fn job_name(locked_job: &str, scheduled: Timestamp, has_seconds: bool) -> String {
-    let stamp = if has_seconds {
-        scheduled.as_second()
-    } else {
-        scheduled.as_second().div_euclid(60)
-    };
-    format!("{locked_job}-{stamp}")
-}
-
-/// The Job name of a run requested with `lockedjob.dev/run-now` for `requested`: deterministic,
-/// so replicas racing for it create one Job, and distinct from every scheduled run's name
-/// (`-m` then the seconds in base 36: at most 9 characters, so a 52-character LockedJob name
-/// still fits the 63 a Job name may have).
-pub fn manual_job_name(locked_job: &str, requested: Timestamp) -> String {
-    let mut seconds = requested.as_second().max(0) as u64;
-    let mut digits = Vec::new();
-    loop {
-        digits.push(b"0123456789abcdefghijklmnopqrstuvwxyz"[(seconds % 36) as usize]);
-        seconds /= 36;
-        if seconds == 0 {
-            break;
-        }
-    }
-    digits.reverse();
-    format!("{locked_job}-m{}", String::from_utf8_lossy(&digits))
 }
 
 /// Parses the `lockedjob.dev/run-now` annotation: the RFC 3339 time the run is requested for,

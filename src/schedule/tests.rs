@@ -323,46 +323,6 @@ fn next_action_follows_cronjob_semantics() {
 }
 
 #[test]
-fn job_names_are_deterministic_and_fit_label_limits() {
-    let t = ts("2026-01-01T00:02:00Z");
-    assert_eq!(
-        job_name("report", t, false),
-        format!("report-{}", t.as_second() / 60)
-    );
-    assert_eq!(
-        job_name("report", t, true),
-        format!("report-{}", t.as_second())
-    );
-    let longest = "x".repeat(crate::api::MAX_NAME_LENGTH);
-    // Seconds-resolution names stay within the limit for millennia.
-    let far = ts("2286-11-20T17:46:39Z");
-    assert!(job_name(&longest, far, true).len() <= MAX_JOB_NAME);
-}
-
-#[test]
-fn manual_run_names_are_deterministic_distinct_and_short_enough() {
-    let table = [
-        ("1970-01-01T00:00:00Z", "report-m0"),
-        ("1970-01-01T00:00:35Z", "report-mz"),
-        ("1970-01-01T00:00:36Z", "report-m10"),
-        ("2026-12-02T17:00:00Z", "report-mtpfgk0"),
-    ];
-    for (at, expected) in table {
-        let t = ts(at);
-        assert_eq!(manual_job_name("report", t), expected, "{at}");
-        assert_eq!(manual_job_name("report", t), manual_job_name("report", t));
-        assert_ne!(manual_job_name("report", t), job_name("report", t, true));
-    }
-    let longest = "x".repeat(crate::api::MAX_NAME_LENGTH);
-    let far = ts("2286-11-20T17:46:39Z");
-    assert!(manual_job_name(&longest, far).len() <= MAX_JOB_NAME);
-    assert_ne!(
-        manual_job_name("report", ts("2026-01-01T00:00:01Z")),
-        manual_job_name("report", ts("2026-01-01T00:00:02Z"))
-    );
-}
-
-#[test]
 fn run_now_requests_parse_as_rfc3339_times() {
     assert_eq!(
         parse_run_now("2026-12-02T17:00:00Z"),
