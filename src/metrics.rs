@@ -1,5 +1,7 @@
-//! Prometheus metrics of the engine and the operator, in one process-wide registry that
-//! `/metrics` renders.
+//! Prometheus metrics of the engine and the operator: a value (`Metrics`, cheap to clone)
+//! that the operator creates, hands to its engine and its controller, and renders at
+//! `/metrics`. Nothing is global: an engine made without one (`exec`, the lab, tests) counts
+//! into a registry of its own that nobody reads.
 
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
 use prometheus_client::metrics::counter::Counter;
@@ -7,7 +9,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
-use std::sync::LazyLock;
+use std::sync::Arc;
 use std::time::Duration;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
@@ -34,8 +36,34 @@ struct OpLabel {
     op: String,
 }
 
-struct Metrics {
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindLabel {
+    kind: &'static str,
+}
+
+/// The metrics of one operator (or engine). Clones share the registry.
+#[derive(Clone)]
+pub struct Metrics {
+    inner: Arc<Families>,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+struct Families {
     registry: Registry,
+    reconciles: Counter,
+    reconcile_seconds: Histogram,
+    reconcile_errors: Family<KindLabel, Counter>,
     redis_requests: Family<OpLabel, Counter>,
     acquisitions: Family<OutcomeLabel, Counter>,
     acquire_seconds: Histogram,
@@ -47,8 +75,22 @@ struct Metrics {
     schedule_lag_seconds: Histogram,
 }
 
-static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
+fn families() -> Families {
     let mut registry = Registry::with_prefix("lockedjob");
+    let reconciles = Counter::default();
+    registry.register("reconciles", "LockedJob reconciles", reconciles.clone());
+    let reconcile_seconds = Histogram::new(exponential_buckets(0.0005, 2.0, 14));
+    registry.register(
+        "reconcile_duration_seconds",
+        "Time one reconcile took",
+        reconcile_seconds.clone(),
+    );
+    let reconcile_errors = Family::<KindLabel, Counter>::default();
+    registry.register(
+        "reconcile_errors",
+        "Reconciles that failed, by kind of error",
+        reconcile_errors.clone(),
+    );
     let redis_requests = Family::<OpLabel, Counter>::default();
     registry.register(
         "redis_requests",
@@ -95,8 +137,11 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
         "Delay from a run's scheduled time to its Job being created",
         schedule_lag_seconds.clone(),
     );
-    Metrics {
+    Families {
         registry,
+        reconciles,
+        reconcile_seconds,
+        reconcile_errors,
         redis_requests,
         acquisitions,
         acquire_seconds,
@@ -107,42 +152,85 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
         runs,
         schedule_lag_seconds,
     }
-});
-
-pub fn record_acquire(outcome: Outcome, took: Duration) {
-    METRICS
-        .acquisitions
-        .get_or_create(&OutcomeLabel { outcome })
-        .inc();
-    METRICS.acquire_seconds.observe(took.as_secs_f64());
 }
 
-pub fn record_renewal(ok: bool) {
-    let result = if ok { "ok" } else { "failed" }.to_string();
-    METRICS
-        .renewals
-        .get_or_create(&ResultLabel { result })
-        .inc();
-}
+impl Metrics {
+    pub fn new() -> Self {
+        Self {
+            inner: Arc::new(families()),
+        }
+    }
 
-pub fn record_release() {
-    METRICS.releases.inc();
-}
+    pub fn reconciled(&self, took: Duration) {
+        self.inner.reconciles.inc();
+        self.inner.reconcile_seconds.observe(took.as_secs_f64());
+    }
 
-pub fn record_lease_lost() {
-    METRICS.lease_losses.inc();
-}
+    /// A failed reconcile, by the kind of its error (`controller::Error::kind`).
+    pub fn reconcile_failed(&self, kind: &'static str) {
+        self.inner
+            .reconcile_errors
+            .get_or_create(&KindLabel { kind })
+            .inc();
+    }
 
-/// `nodes` requests sent for `op` (acquire, fence, extend, progress, release, holder, probe).
-pub fn record_redis_requests(op: &'static str, nodes: usize) {
-    METRICS
-        .redis_requests
-        .get_or_create(&OpLabel { op: op.to_string() })
-        .inc_by(nodes as u64);
-}
+    pub fn record_acquire(&self, outcome: Outcome, took: Duration) {
+        self.inner
+            .acquisitions
+            .get_or_create(&OutcomeLabel { outcome })
+            .inc();
+        self.inner.acquire_seconds.observe(took.as_secs_f64());
+    }
 
-pub fn set_nodes_reachable(nodes: usize) {
-    METRICS.nodes_reachable.set(nodes as i64);
+    pub fn record_renewal(&self, ok: bool) {
+        let result = if ok { "ok" } else { "failed" }.to_string();
+        self.inner
+            .renewals
+            .get_or_create(&ResultLabel { result })
+            .inc();
+    }
+
+    pub fn record_release(&self) {
+        self.inner.releases.inc();
+    }
+
+    pub fn record_lease_lost(&self) {
+        self.inner.lease_losses.inc();
+    }
+
+    /// `nodes` requests sent for `op` (acquire, fence, extend, progress, release, holder,
+    /// probe).
+    pub fn record_redis_requests(&self, op: &'static str, nodes: usize) {
+        self.inner
+            .redis_requests
+            .get_or_create(&OpLabel { op: op.to_string() })
+            .inc_by(nodes as u64);
+    }
+
+    pub fn set_nodes_reachable(&self, nodes: usize) {
+        self.inner.nodes_reachable.set(nodes as i64);
+    }
+
+    pub fn record_run(&self, result: RunResult) {
+        self.inner
+            .runs
+            .get_or_create(&ResultLabel {
+                result: result.label().to_string(),
+            })
+            .inc();
+    }
+
+    pub fn record_schedule_lag(&self, lag: Duration) {
+        self.inner.schedule_lag_seconds.observe(lag.as_secs_f64());
+    }
+
+    /// The registry in the Prometheus text format.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.inner.registry);
+        out
+    }
 }
 
 /// How a run ended, as `lockedjob_runs_total{result}` counts it.
@@ -171,41 +259,27 @@ impl RunResult {
     }
 }
 
-pub fn record_run(result: RunResult) {
-    METRICS
-        .runs
-        .get_or_create(&ResultLabel {
-            result: result.label().to_string(),
-        })
-        .inc();
-}
-
-pub fn record_schedule_lag(lag: Duration) {
-    METRICS.schedule_lag_seconds.observe(lag.as_secs_f64());
-}
-
-/// The registry in the Prometheus text format.
-pub fn render() -> String {
-    let mut out = String::new();
-    // Writing into a String cannot fail.
-    let _ = prometheus_client::encoding::text::encode(&mut out, &METRICS.registry);
-    out
-}
-
 #[cfg(test)]
 mod tests {
+    use super::*;
+
     #[test]
-    fn rendered_metrics_carry_recorded_values() {
-        super::record_lease_lost();
-        super::record_acquire(
-            super::Outcome::Contended,
-            std::time::Duration::from_millis(3),
-        );
-        let text = super::render();
-        assert!(text.contains("lockedjob_lease_losses_total"), "{text}");
+    fn rendered_metrics_carry_recorded_values_and_registries_are_apart() {
+        let metrics = Metrics::new();
+        metrics.record_lease_lost();
+        metrics.record_acquire(Outcome::Contended, Duration::from_millis(3));
+        metrics.reconcile_failed("kube");
+        let text = metrics.render();
+        assert!(text.contains("lockedjob_lease_losses_total 1"), "{text}");
         assert!(
-            text.contains("lockedjob_lock_acquisitions_total{outcome=\"Contended\"}"),
+            text.contains("lockedjob_lock_acquisitions_total{outcome=\"Contended\"} 1"),
             "{text}"
         );
+        assert!(
+            text.contains("lockedjob_reconcile_errors_total{kind=\"kube\"} 1"),
+            "{text}"
+        );
+        let other = Metrics::new();
+        assert!(other.render().contains("lockedjob_lease_losses_total 0"));
     }
 }

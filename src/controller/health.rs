@@ -2,9 +2,36 @@
 
 use super::Context;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
+
+/// What readiness is made of, apart from the run bookkeeping: the watches' first lists and
+/// the Redis nodes that answered the last probe.
+#[derive(Debug, Default)]
+pub struct Health {
+    synced: AtomicBool,
+    reachable: AtomicUsize,
+}
+
+impl Health {
+    pub fn set_synced(&self) {
+        self.synced.store(true, Ordering::Relaxed);
+    }
+
+    pub fn synced(&self) -> bool {
+        self.synced.load(Ordering::Relaxed)
+    }
+
+    pub fn set_reachable(&self, nodes: usize) {
+        self.reachable.store(nodes, Ordering::Relaxed);
+    }
+
+    pub fn reachable(&self) -> usize {
+        self.reachable.load(Ordering::Relaxed)
+    }
+}
 
 pub async fn serve(
     addr: SocketAddr,
@@ -26,10 +53,10 @@ pub async fn serve(
                     "/readyz" if ctx.is_ready() => (200, "ready\n".to_string()),
                     "/readyz" => (503, format!(
                         "not ready: watch synced={}, redis nodes answering={} of {} (quorum {}), shutting down={}\n",
-                        ctx.synced.load(std::sync::atomic::Ordering::Relaxed),
-                        ctx.reachable.load(std::sync::atomic::Ordering::Relaxed),
+                        ctx.health.synced(),
+                        ctx.health.reachable(),
                         ctx.nodes(), ctx.engine.quorum(), ctx.shutdown.is_cancelled())),
-                    "/metrics" => (200, crate::metrics::render()),
+                    "/metrics" => (200, ctx.metrics.render()),
                     _ => (404, "not found\n".to_string()),
                 };
                 let reason = match code {

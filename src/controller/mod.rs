@@ -2,26 +2,29 @@
 //! race for the lock and only the winner creates and supervises the Job (docs/design.md, "A run's
 //! life in the operator").
 
+mod decide;
 mod events;
 mod health;
 pub mod jobs;
 mod reconcile;
 mod run;
+mod runs;
 pub mod status;
 
 use crate::api::LockedJob;
+use crate::metrics::Metrics;
 use crate::options::RedisOptions;
 use crate::redlock::Redlock;
 use futures::StreamExt;
+use health::Health;
 use k8s_openapi::api::batch::v1::Job;
 use kube::runtime::controller::Controller;
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client};
-use std::collections::{HashMap, HashSet};
+use runs::Runs;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -54,6 +57,25 @@ pub enum Error {
     NoNamespace,
     #[error("the Job watch cache stopped; the operator is shutting down")]
     JobCacheGone,
+    #[error("finalizer {FINALIZER}: {0}")]
+    Finalizer(#[source] Box<kube::runtime::finalizer::Error<Error>>),
+}
+
+impl Error {
+    /// The kind, as `lockedjob_reconcile_errors_total{kind}` counts it.
+    pub fn kind(&self) -> &'static str {
+        use kube::runtime::finalizer::Error as F;
+        match self {
+            Error::Kube(_) => "kube",
+            Error::NoNamespace => "no_namespace",
+            Error::JobCacheGone => "job_cache_gone",
+            Error::Finalizer(inner) => match inner.as_ref() {
+                F::ApplyFailed(e) | F::CleanupFailed(e) => e.kind(),
+                F::AddFinalizer(_) | F::RemoveFinalizer(_) => "finalizer_patch",
+                F::UnnamedObject | F::InvalidFinalizer => "finalizer",
+            },
+        }
+    }
 }
 
 /// Shared by every reconcile and run task of one replica.
@@ -63,21 +85,11 @@ pub struct Context {
     pub cluster_id: String,
     /// `{clusterId}/{podName}`.
     pub holder: String,
-    /// Job names this replica supervises now (its own runs and adoptions).
-    pub supervised: Mutex<HashSet<(String, String)>>,
-    /// Runs being started, by (namespace, LockedJob, scheduled time), so a run starts once.
-    pub starting: Mutex<HashSet<(String, String, i64)>>,
-    /// Scheduled times this replica will not try to start again before an instant: ones that
-    /// ran (here or elsewhere), and ones another runner holds the lock for.
-    pub settled: Cooldowns<(String, String, i64)>,
-    /// When this replica last asked Redis who holds the lock of an active Job it does not
-    /// supervise, by (namespace, Job name): see [`orphan_check_due`].
-    pub orphan_checks: Mutex<HashMap<(String, String), std::time::Instant>>,
-    /// Redis nodes that answered the last probe.
-    pub reachable: AtomicUsize,
+    /// Which runs this replica starts and supervises, and when to try them again.
+    pub runs: Runs,
+    pub health: Health,
     /// Cancelled on SIGTERM: no new runs; running ones are handed over.
     pub shutdown: CancellationToken,
-    pub synced: AtomicBool,
     /// Watch caches of the operator's Jobs, one per watched scope (a namespace, or `None` for
     /// all): reconciles and supervisors read Jobs here instead of asking the API server.
     pub job_caches: Vec<(Option<String>, Store<Job>)>,
@@ -86,6 +98,8 @@ pub struct Context {
     /// Every task a reconcile starts (runs, adoptions, Events): shutdown waits for them, so a
     /// run between winning its lock and supervising its Job still hands the lock over.
     pub tasks: TaskTracker,
+    /// Rendered at `/metrics`; shared with the engine.
+    pub metrics: Metrics,
 }
 
 /// Lock attempts one replica has in flight at most. When a thousand LockedJobs fall due in the
@@ -128,8 +142,8 @@ impl Context {
     }
 
     pub fn is_ready(&self) -> bool {
-        self.synced.load(Ordering::Relaxed)
-            && self.reachable.load(Ordering::Relaxed) >= self.engine.quorum()
+        self.health.synced()
+            && self.health.reachable() >= self.engine.quorum()
             && !self.shutdown.is_cancelled()
     }
 }
@@ -153,7 +167,8 @@ pub fn return_large_allocations_to_the_system() {
 /// Runs the operator until SIGTERM/SIGINT; returns the process exit code.
 pub async fn run(args: OperatorArgs) -> i32 {
     let config = args.redis.engine_config();
-    let engine = match Redlock::new(config) {
+    let metrics = Metrics::new();
+    let engine = match Redlock::with_metrics(config, metrics.clone()) {
         Ok(engine) => engine,
         Err(e) => {
             tracing::error!(error = %e, "bad Redis configuration; the operator cannot start");
@@ -204,16 +219,13 @@ pub async fn run(args: OperatorArgs) -> i32 {
         engine,
         cluster_id: args.redis.cluster_id.clone(),
         holder,
-        supervised: Mutex::new(HashSet::new()),
-        starting: Mutex::new(HashSet::new()),
-        orphan_checks: Mutex::new(HashMap::new()),
-        settled: Cooldowns::default(),
-        reachable: AtomicUsize::new(0),
+        runs: Runs::default(),
+        health: Health::default(),
         shutdown: CancellationToken::new(),
-        synced: AtomicBool::new(false),
         job_caches,
         lock_attempts: tokio::sync::Semaphore::new(MAX_LOCK_ATTEMPTS_IN_FLIGHT),
         tasks: TaskTracker::new(),
+        metrics,
     });
     tracing::info!(holder = %ctx.holder, nodes = ?ctx.engine.node_labels(), namespaces = ?args.namespaces, "lockedjob operator starting");
 
@@ -268,7 +280,7 @@ pub async fn run(args: OperatorArgs) -> i32 {
         );
         let (jobs, lockedjobs) = futures::future::join(jobs, lockedjobs).await;
         if jobs.iter().chain(lockedjobs.iter()).all(|ready| *ready) {
-            sync_ctx.synced.store(true, Ordering::Relaxed);
+            sync_ctx.health.set_synced();
         }
     });
     futures::future::join_all(controllers).await;
@@ -329,99 +341,10 @@ where
     }
 }
 
-/// Keys with an instant before which they are not acted on again, optionally only as long as
-/// a watched state (a tag) stays the same. Every Job event reconciles its LockedJob on every
-/// replica; without this, the replicas that lost the race for a time tried again at each
-/// event, costing Redis rounds for nothing.
-pub struct Cooldowns<K> {
-    entries: Mutex<CooldownEntries<K>>,
-}
-
-struct CooldownEntries<K> {
-    /// Key -> the instant its cooldown ends, and the tag it was set at, if it watches one.
-    until: HashMap<K, (std::time::Instant, Option<u64>)>,
-    /// Keys left after the last sweep of expired ones.
-    swept_len: usize,
-}
-
-impl<K> Default for Cooldowns<K> {
-    fn default() -> Self {
-        Self {
-            entries: Mutex::new(CooldownEntries {
-                until: HashMap::new(),
-                swept_len: 0,
-            }),
-        }
-    }
-}
-
-impl<K: Eq + std::hash::Hash> Cooldowns<K> {
-    pub fn set(&self, key: K, until: std::time::Instant) {
-        if let Ok(mut entries) = self.entries.lock() {
-            entries.until.insert(key, (until, None));
-        }
-    }
-
-    /// Like [`Cooldowns::set`], but ends early once the tag passed to `holds` differs from
-    /// `tag`.
-    pub fn set_until_changed(&self, key: K, until: std::time::Instant, tag: u64) {
-        if let Ok(mut entries) = self.entries.lock() {
-            entries.until.insert(key, (until, Some(tag)));
-        }
-    }
-
-    /// Whether `key` is still cooling down at `now` with the watched state at `tag`. Keys
-    /// whose time has passed are forgotten once the map has doubled since the last sweep, so
-    /// a check costs O(1) amortized, not a scan of every key (thousands at scale).
-    pub fn holds(&self, key: &K, now: std::time::Instant, tag: u64) -> bool {
-        let Ok(mut entries) = self.entries.lock() else {
-            return false;
-        };
-        if entries.until.len() >= 2 * entries.swept_len.max(64) {
-            entries.until.retain(|_, (until, _)| *until > now);
-            entries.swept_len = entries.until.len();
-        }
-        entries
-            .until
-            .get(key)
-            .is_some_and(|(until, set_at)| *until > now && set_at.is_none_or(|t| t == tag))
-    }
-}
-
-/// Whether an active Job this replica does not supervise is due for an orphan check, and if so
-/// records the check. Every Job status change reconciles its LockedJob on every replica; asking
-/// Redis each time cost ~100 GETs per run with 3 replicas. A dead holder's lock only expires
-/// after the TTL, so checking once per `interval` (the renew interval), starting one interval
-/// after the Job is first seen, adopts at most one interval later, and a Job that finishes
-/// within an interval (most do) costs no check at all.
-pub fn orphan_check_due(
-    checks: &Mutex<HashMap<(String, String), std::time::Instant>>,
-    key: &(String, String),
-    now: std::time::Instant,
-    interval: Duration,
-) -> bool {
-    let Ok(mut checks) = checks.lock() else {
-        return true;
-    };
-    // Forget Jobs not checked for a long while (finished or deleted).
-    checks.retain(|_, last| now.saturating_duration_since(*last) < Duration::from_secs(600));
-    match checks.get(key) {
-        None => {
-            checks.insert(key.clone(), now);
-            false
-        }
-        Some(last) if now.saturating_duration_since(*last) < interval => false,
-        Some(_) => {
-            checks.insert(key.clone(), now);
-            true
-        }
-    }
-}
-
 async fn probe_redis(ctx: Arc<Context>) {
     loop {
         let reachable = ctx.engine.reachable_nodes().await;
-        ctx.reachable.store(reachable, Ordering::Relaxed);
+        ctx.health.set_reachable(reachable);
         tokio::time::sleep(Duration::from_secs(2)).await;
     }
 }
@@ -437,7 +360,6 @@ async fn wait_for_shutdown(ctx: Arc<Context>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Instant;
 
     /// The readiness wait polls first, the Controller's own wait on the same store polls
     /// after it (and takes the store's one waker); the first list must still make the replica
@@ -464,110 +386,5 @@ mod tests {
             matches!(both, Ok((Ok(true), Ok(true)))),
             "both waiters see the store ready: {both:?}"
         );
-    }
-
-    #[test]
-    fn cooldowns_hold_until_their_instant() {
-        let cooldowns = Cooldowns::default();
-        let t0 = Instant::now();
-        let at = |s: u64| t0 + Duration::from_secs(s);
-        cooldowns.set("a", at(10));
-        cooldowns.set("b", at(5));
-        let table = [
-            ("a", 0, true, "a before its instant"),
-            ("b", 4, true, "b before its instant"),
-            ("c", 4, false, "never set"),
-            ("b", 5, false, "b at its instant"),
-            ("a", 9, true, "a still"),
-            ("a", 10, false, "a at its instant"),
-        ];
-        for (key, s, holds, what) in table {
-            assert_eq!(cooldowns.holds(&key, at(s), 0), holds, "{what}");
-        }
-        cooldowns.set("a", at(20));
-        assert!(
-            cooldowns.holds(&"a", at(15), 7),
-            "set again; no tag watched"
-        );
-    }
-
-    #[test]
-    fn expired_keys_are_swept_once_the_map_has_doubled() {
-        let cooldowns = Cooldowns::default();
-        let t0 = Instant::now();
-        let len = |c: &Cooldowns<u32>| c.entries.lock().map(|e| e.until.len()).unwrap_or(0);
-        for key in 0..100 {
-            cooldowns.set(key, t0 + Duration::from_secs(1));
-        }
-        let later = t0 + Duration::from_secs(2);
-        assert!(!cooldowns.holds(&0, later, 0), "expired keys never hold");
-        assert_eq!(
-            len(&cooldowns),
-            100,
-            "below the mark (2 x 64): no sweep yet"
-        );
-        for key in 100..130 {
-            cooldowns.set(key, later + Duration::from_secs(10));
-        }
-        assert!(cooldowns.holds(&120, later, 0));
-        assert_eq!(len(&cooldowns), 30, "swept: only the live keys stay");
-        assert!(!cooldowns.holds(&5, later, 0));
-    }
-
-    #[test]
-    fn a_tagged_cooldown_ends_when_the_tag_changes() {
-        let cooldowns = Cooldowns::default();
-        let t0 = Instant::now();
-        let at = |s: u64| t0 + Duration::from_secs(s);
-        cooldowns.set_until_changed("a", at(10), 1);
-        let table = [
-            (1, 1, true, "same state, before the instant"),
-            (2, 2, false, "state changed: retry now"),
-            (
-                3,
-                1,
-                true,
-                "back to the state it was set at (nothing forgotten)",
-            ),
-            (10, 1, false, "instant passed"),
-        ];
-        for (s, tag, holds, what) in table {
-            assert_eq!(cooldowns.holds(&"a", at(s), tag), holds, "{what}");
-        }
-    }
-
-    #[test]
-    fn orphan_checks_are_spaced_by_the_interval_per_job() {
-        let checks = Mutex::new(HashMap::new());
-        let a = ("ns".to_string(), "job-a".to_string());
-        let b = ("ns".to_string(), "job-b".to_string());
-        let t0 = Instant::now();
-        let interval = Duration::from_secs(10);
-        let table = [
-            (
-                &a,
-                0,
-                false,
-                "a first seen: its holder is most likely alive",
-            ),
-            (&a, 1, false, "a again within the interval"),
-            (&b, 1, false, "b first seen, independently of a"),
-            (&a, 9, false, "a still within the interval"),
-            (&a, 10, true, "a once an interval has passed"),
-            (&a, 15, false, "the interval counts from the last check"),
-            (&a, 20, true, "a again after another interval"),
-            (&b, 11, true, "b an interval after it was first seen"),
-            (
-                &b,
-                700,
-                false,
-                "b forgotten after a long pause: first seen again",
-            ),
-            (&b, 710, true, "b an interval after that"),
-        ];
-        for (key, at, due, what) in table {
-            let now = t0 + Duration::from_secs(at);
-            assert_eq!(orphan_check_due(&checks, key, now, interval), due, "{what}");
-        }
     }
 }

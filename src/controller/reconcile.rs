@@ -1,59 +1,94 @@
-//! Reconcile one LockedJob: validate, decide (pure schedule logic), start or adopt runs,
-//! clean up history, report status. Runs happen in their own tasks; reconcile never blocks on
-//! a lock or a Job.
+//! Reconcile one LockedJob: the finalizer (`kube::runtime::finalizer`), then observe (its Jobs
+//! from the watch cache, the time, the Redis nodes answering), decide (`decide.rs`, pure) and
+//! act. Runs happen in tasks of their own: a reconcile never waits on a lock or a Job.
 
+use super::decide::{decide, Observed, Plan, StatusUpdate, ValidPlan};
 use super::events::{self, Reason};
-use super::jobs::{expired_history, job_state, scheduled_time, JobState, LABEL_LOCKED_JOB};
-use super::run;
-use super::status::{set_condition, ConditionUpdate};
-use super::{Context, Error, FINALIZER};
-use crate::api::{conditions, describe, validate, LockedJob, ANNOTATION_RUN_NOW};
-use crate::schedule::{next_action, parse_run_now, Decision, History, SkipReason, TOO_MANY_MISSED};
+use super::jobs::LABEL_LOCKED_JOB;
+use super::{run, Context, Error, FINALIZER};
+use crate::api::LockedJob;
+use crate::schedule::TOO_MANY_MISSED;
 use jiff::Timestamp;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::ObjectReference;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
+use kube::runtime::finalizer::{finalizer, Event as Finalizer};
 use kube::ResourceExt;
 use serde_json::json;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tracing::Instrument;
 
-const MAX_REQUEUE: Duration = Duration::from_secs(300);
 /// Fallback retry of a status write another replica won (the watch usually comes first).
 const CONFLICT_PAUSE: Duration = Duration::from_secs(2);
+/// Retry of a reconcile that failed (API trouble).
+const ERROR_PAUSE: Duration = Duration::from_secs(5);
 
-pub fn error_policy(lj: Arc<LockedJob>, error: &Error, _ctx: Arc<Context>) -> Action {
+pub fn error_policy(lj: Arc<LockedJob>, error: &Error, ctx: Arc<Context>) -> Action {
+    ctx.metrics.reconcile_failed(error.kind());
     tracing::warn!(namespace = ?lj.namespace(), name = %lj.name_any(), %error, "reconcile failed; retrying");
-    Action::requeue(Duration::from_secs(5))
+    Action::requeue(ERROR_PAUSE)
 }
 
 pub async fn reconcile(lj: Arc<LockedJob>, ctx: Arc<Context>) -> Result<Action, Error> {
     let namespace = lj.namespace().ok_or(Error::NoNamespace)?;
     let span = tracing::info_span!("reconcile", namespace = %namespace, name = %lj.name_any());
-    reconcile_inner(lj, ctx, namespace).instrument(span).await
-}
-
-fn until(next: Option<Timestamp>, now: Timestamp) -> Duration {
-    next.map(|t| {
-        let ms = (t - now).get_milliseconds().max(0) as u64;
-        Duration::from_millis(ms)
+    let started = Instant::now();
+    let api: Api<LockedJob> = Api::namespaced(ctx.client.clone(), &namespace);
+    let result = finalizer(&api, FINALIZER, lj, |event| async {
+        match event {
+            Finalizer::Apply(lj) => apply(lj, Arc::clone(&ctx)).await,
+            Finalizer::Cleanup(lj) => cleanup(lj, Arc::clone(&ctx)).await,
+        }
     })
-    .unwrap_or(MAX_REQUEUE)
-    .min(MAX_REQUEUE)
+    .instrument(span)
+    .await
+    .map_err(|e| Error::Finalizer(Box::new(e)));
+    ctx.metrics.reconciled(started.elapsed());
+    result
 }
 
-async fn reconcile_inner(
-    lj: Arc<LockedJob>,
-    ctx: Arc<Context>,
-    namespace: String,
-) -> Result<Action, Error> {
-    let name = lj.name_any();
-    let lockedjobs: Api<LockedJob> = Api::namespaced(ctx.client.clone(), &namespace);
-    let uid = lj.uid().unwrap_or_default();
-    let owned: Vec<Job> = ctx
-        .cached_jobs(&namespace, |j| {
+/// The LockedJob is being deleted: stop this replica's view of its active Jobs (their
+/// supervisors see them go, release their locks and record the outcome); then kube removes
+/// the finalizer.
+async fn cleanup(lj: Arc<LockedJob>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let namespace = lj.namespace().ok_or(Error::NoNamespace)?;
+    let seen = observe(&ctx, &lj, &namespace).await?;
+    let active: Vec<Job> = seen
+        .jobs
+        .into_iter()
+        .filter(|j| super::jobs::job_state(j) == super::jobs::JobState::Active)
+        .collect();
+    run::stop_all(&ctx, &namespace, &active).await;
+    tracing::info!("LockedJob deleted: its Jobs were stopped");
+    Ok(Action::await_change())
+}
+
+async fn apply(lj: Arc<LockedJob>, ctx: Arc<Context>) -> Result<Action, Error> {
+    if ctx.shutdown.is_cancelled() {
+        return Ok(Action::await_change());
+    }
+    let namespace = lj.namespace().ok_or(Error::NoNamespace)?;
+    let seen = observe(&ctx, &lj, &namespace).await?;
+    match decide(&lj, &seen) {
+        Plan::Invalid { message, report } => {
+            if let Some(status) = report {
+                tracing::warn!(%message, "invalid spec");
+                write_status(&ctx, &lj, &namespace, status, false).await?;
+                events::publish(&ctx, &lj, Reason::InvalidSpec, message);
+            }
+            Ok(Action::await_change())
+        }
+        Plan::Valid(plan) => act(&ctx, &lj, &namespace, *plan).await,
+    }
+}
+
+/// The LockedJob's Jobs (its label and owner reference) from the watch cache, and the rest of
+/// what `decide` needs.
+async fn observe(ctx: &Context, lj: &LockedJob, namespace: &str) -> Result<Observed, Error> {
+    let (name, uid) = (lj.name_any(), lj.uid().unwrap_or_default());
+    let jobs = ctx
+        .cached_jobs(namespace, |j| {
             j.labels().get(LABEL_LOCKED_JOB) == Some(&name)
                 && j.owner_references().iter().any(|r| r.uid == uid)
         })
@@ -61,301 +96,118 @@ async fn reconcile_inner(
         .iter()
         .map(|j| Job::clone(j))
         .collect();
-    let active: Vec<&Job> = owned
-        .iter()
-        .filter(|j| job_state(j) == JobState::Active && j.metadata.deletion_timestamp.is_none())
-        .collect();
+    Ok(Observed {
+        now: Timestamp::now(),
+        jobs,
+        reachable: ctx.health.reachable(),
+        nodes: ctx.nodes(),
+        quorum: ctx.engine.quorum(),
+    })
+}
 
-    if lj.metadata.deletion_timestamp.is_some() {
-        if lj.finalizers().iter().any(|f| f == FINALIZER) {
-            let doomed: Vec<Job> = active.iter().map(|j| (*j).clone()).collect();
-            run::stop_all(&ctx, &namespace, &doomed).await;
-            let remaining: Vec<String> = lj
-                .finalizers()
-                .iter()
-                .filter(|f| *f != FINALIZER)
-                .cloned()
-                .collect();
-            let patch = json!([
-                {"op": "test", "path": "/metadata/finalizers", "value": lj.finalizers()},
-                {"op": "replace", "path": "/metadata/finalizers", "value": remaining},
-            ]);
-            let patch: json_patch::Patch = serde_json::from_value(patch).unwrap_or_default();
-            lockedjobs
-                .patch(&name, &PatchParams::default(), &Patch::<()>::Json(patch))
-                .await?;
-            tracing::info!("LockedJob deleted: its Jobs were stopped and the finalizer removed");
-        }
-        return Ok(Action::await_change());
-    }
-    if ctx.shutdown.is_cancelled() {
-        return Ok(Action::await_change());
-    }
-    if !lj.finalizers().iter().any(|f| f == FINALIZER) {
-        let patch = if lj.metadata.finalizers.is_none() {
-            json!([{"op": "add", "path": "/metadata/finalizers", "value": [FINALIZER]}])
-        } else {
-            json!([{"op": "add", "path": "/metadata/finalizers/-", "value": FINALIZER}])
-        };
-        let patch: json_patch::Patch = serde_json::from_value(patch).unwrap_or_default();
-        lockedjobs
-            .patch(&name, &PatchParams::default(), &Patch::<()>::Json(patch))
-            .await?;
-    }
-
-    let now = Timestamp::now();
-    let generation = lj.metadata.generation;
-    let status = lj.status.clone().unwrap_or_default();
-    let mut conditions = status.conditions.clone();
-    let valid = match validate(&namespace, &name, &lj.spec) {
-        Ok(valid) => valid,
-        Err(errors) => {
-            let message = describe(&errors);
-            let already = status.observed_generation == generation
-                && conditions.iter().any(|c| {
-                    c.type_ == conditions::INVALID_SPEC
-                        && c.status == "True"
-                        && c.message == message
-                });
-            if !already {
-                tracing::warn!(%message, "invalid spec");
-                set_condition(
-                    &mut conditions,
-                    ConditionUpdate {
-                        kind: conditions::INVALID_SPEC,
-                        status: true,
-                        reason: "InvalidSpec",
-                        message: &message,
-                        generation,
-                    },
-                    now,
-                );
-                set_condition(
-                    &mut conditions,
-                    ConditionUpdate {
-                        kind: conditions::READY,
-                        status: false,
-                        reason: "InvalidSpec",
-                        message: &message,
-                        generation,
-                    },
-                    now,
-                );
-                let patch =
-                    json!({"status": {"conditions": conditions, "observedGeneration": generation}});
-                lockedjobs
-                    .patch_status(&name, &PatchParams::default(), &Patch::Merge(patch))
-                    .await?;
-                events::publish(&ctx, &lj, Reason::InvalidSpec, message);
-            }
-            return Ok(Action::await_change());
-        }
-    };
-
-    // A run requested with the run-now annotation (like `kubectl create job --from=cronjob/x`).
-    if let Some(value) = lj.annotations().get(ANNOTATION_RUN_NOW) {
-        match parse_run_now(value) {
-            Ok(requested) => {
-                ctx.tasks.spawn(run::start(
-                    Arc::clone(&ctx),
-                    Arc::clone(&lj),
-                    valid.clone(),
-                    requested,
-                    run::RunKind::Manual,
-                ));
-            }
-            Err(message) => {
-                tracing::warn!(%message, "invalid run-now request");
-                events::publish(&ctx, &lj, Reason::InvalidRunNow, message);
-                run::clear_run_now(&ctx, &lj, value).await;
-            }
-        }
-    }
-
-    // Adopt or clean up active Jobs nobody here supervises (their holder may be gone).
-    for job in &active {
-        let key = (namespace.clone(), job.name_any());
-        let supervised = ctx
-            .supervised
-            .lock()
-            .map(|s| s.contains(&key))
-            .unwrap_or(true);
-        if !supervised
-            && super::orphan_check_due(
-                &ctx.orphan_checks,
-                &key,
-                std::time::Instant::now(),
-                valid.timing.renew_interval,
-            )
-        {
-            ctx.tasks.spawn(run::check_orphan(
-                Arc::clone(&ctx),
-                Arc::clone(&lj),
-                valid.clone(),
-                (*job).clone(),
-            ));
-        }
-    }
-
-    let last = owned
-        .iter()
-        .filter_map(scheduled_time)
-        .chain(status.last_schedule_time.as_ref().map(|t| t.0))
-        .max();
-    let created = lj
-        .metadata
-        .creation_timestamp
-        .as_ref()
-        .map(|t| t.0)
-        .unwrap_or(now);
-    let history = History {
-        created,
-        last_schedule_time: last,
-        active_runs: active.len(),
-    };
-    let decision = next_action(&valid.policy, now, &history);
-    tracing::debug!(?decision, "schedule decision");
-    let next = match &decision {
-        Decision::Run {
+async fn act(
+    ctx: &Arc<Context>,
+    lj: &Arc<LockedJob>,
+    namespace: &str,
+    plan: ValidPlan,
+) -> Result<Action, Error> {
+    let spawn_run = |scheduled, kind| {
+        let run = run::start(
+            Arc::clone(ctx),
+            Arc::clone(lj),
+            plan.valid.clone(),
             scheduled,
-            replace_active,
-            missed,
-            next,
-        } => {
-            if *missed > TOO_MANY_MISSED {
-                events::publish(&ctx, &lj, Reason::TooManyMissedTimes, format!(
-                    "more than {TOO_MANY_MISSED} missed start times; running only the latest. Set or decrease spec.startingDeadlineSeconds or check clock skew"));
-            }
-            let replace = if *replace_active {
-                active.iter().map(|j| j.name_any()).collect()
-            } else {
-                Vec::new()
-            };
-            ctx.tasks.spawn(run::start(
-                Arc::clone(&ctx),
-                Arc::clone(&lj),
-                valid.clone(),
-                *scheduled,
-                run::RunKind::Scheduled { replace },
-            ));
-            *next
-        }
-        Decision::Skip {
-            reason: SkipReason::PreviousRunActive,
-            next,
-            ..
-        } => {
-            tracing::debug!(
-                "a run is due but the previous one is active (concurrencyPolicy Forbid)"
-            );
-            *next
-        }
-        Decision::Skip { next, .. } | Decision::Wait { next } => *next,
+            kind,
+        );
+        ctx.tasks.spawn(run);
     };
-
-    let jobs_api: Api<Job> = Api::namespaced(ctx.client.clone(), &namespace);
-    for doomed in expired_history(
-        &owned,
-        lj.spec.successful_jobs_history_limit.max(0) as usize,
-        lj.spec.failed_jobs_history_limit.max(0) as usize,
-    ) {
-        let _ = jobs_api.delete(&doomed, &DeleteParams::background()).await;
+    match (&plan.run_now, &plan.run_now_value) {
+        (Some(Ok(requested)), _) => spawn_run(*requested, run::RunKind::Manual),
+        (Some(Err(message)), Some(value)) => {
+            tracing::warn!(%message, "invalid run-now request");
+            events::publish(ctx, lj, Reason::InvalidRunNow, message.clone());
+            run::clear_run_now(ctx, lj, value).await;
+        }
+        _ => {}
     }
-
-    // Conditions every replica computes alike; written only when they change.
-    let reachable = ctx.reachable.load(std::sync::atomic::Ordering::Relaxed);
-    let nodes = ctx.nodes();
-    set_condition(
-        &mut conditions,
-        ConditionUpdate {
-            kind: conditions::INVALID_SPEC,
-            status: false,
-            reason: "Valid",
-            message: "the spec is valid",
-            generation,
-        },
-        now,
-    );
-    let ready_message = match next {
-        Some(t) if valid.policy.suspend => format!("suspended; next scheduled time {t}"),
-        Some(t) => format!("next scheduled time {t}"),
-        None => "the schedule has no future time".into(),
-    };
-    set_condition(
-        &mut conditions,
-        ConditionUpdate {
-            kind: conditions::READY,
-            status: true,
-            reason: "Scheduling",
-            message: &ready_message,
-            generation,
-        },
-        now,
-    );
-    let degraded = reachable < nodes;
-    set_condition(
-        &mut conditions,
-        ConditionUpdate {
-            kind: conditions::REDIS_DEGRADED,
-            status: degraded,
-            reason: if degraded { "NodesDown" } else { "AllNodesUp" },
-            message: &format!(
-                "{reachable} of {nodes} Redis nodes answer (quorum {})",
-                ctx.engine.quorum()
-            ),
-            generation: None,
-        },
-        now,
-    );
-    let active_refs: Vec<ObjectReference> = active
-        .iter()
-        .map(|j| ObjectReference {
-            api_version: Some("batch/v1".into()),
-            kind: Some("Job".into()),
-            name: Some(j.name_any()),
-            namespace: Some(namespace.clone()),
-            uid: j.uid(),
-            ..Default::default()
-        })
-        .collect();
-    let unchanged =
-        |a: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition],
-         b: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition]| {
-            a.len() == b.len()
-                && a.iter().all(|x| {
-                    b.iter().any(|y| {
-                        y.type_ == x.type_
-                            && y.status == x.status
-                            && y.reason == x.reason
-                            && (y.type_ == conditions::READY || y.message == x.message)
-                    })
-                })
+    check_orphans(ctx, lj, namespace, &plan);
+    if let Some((scheduled, replace)) = &plan.start {
+        if plan.missed_too_many {
+            events::publish(ctx, lj, Reason::TooManyMissedTimes, format!(
+                "more than {TOO_MANY_MISSED} missed start times; running only the latest. Set or decrease spec.startingDeadlineSeconds or check clock skew"));
+        }
+        let kind = run::RunKind::Scheduled {
+            replace: replace.clone(),
         };
-    if !unchanged(&conditions, &status.conditions)
-        || status.active != active_refs
-        || status.observed_generation != generation
-    {
-        let patch = json!({"metadata": {"resourceVersion": lj.resource_version()},
-            "status": {"conditions": conditions, "active": active_refs, "observedGeneration": generation}});
-        match lockedjobs
-            .patch_status(&name, &PatchParams::default(), &Patch::Merge(patch))
-            .await
-        {
-            Ok(_) => {}
+        spawn_run(*scheduled, kind);
+    }
+    let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), namespace);
+    for doomed in &plan.delete {
+        let _ = jobs.delete(doomed, &DeleteParams::background()).await;
+    }
+    if let Some(status) = plan.status {
+        if !write_status(ctx, lj, namespace, status, true).await? {
             // Another replica wrote first: its version reaches us through the watch and
             // reconciles again anyway. Retrying at once made three replicas whose Job caches
             // lag each other fight over `active` (130 conflicts/s at 200 LockedJobs on a real
             // API server), so the fallback comes late and jittered.
-            Err(kube::Error::Api(s)) if s.code == 409 => {
-                return Ok(Action::requeue(super::run::jittered(CONFLICT_PAUSE)))
-            }
-            Err(e) => return Err(e.into()),
+            return Ok(Action::requeue(run::jittered(CONFLICT_PAUSE)));
         }
     }
+    Ok(Action::requeue(plan.requeue))
+}
 
-    let mut wait = until(next, Timestamp::now());
-    if !active.is_empty() {
-        wait = wait.min(valid.timing.ttl / 2);
+/// Active Jobs nobody here supervises may have lost their holder: check each at most once per
+/// renew interval (see `Runs::orphan_check_due`).
+fn check_orphans(ctx: &Arc<Context>, lj: &Arc<LockedJob>, namespace: &str, plan: &ValidPlan) {
+    let now = Instant::now();
+    let every = plan.valid.timing.renew_interval;
+    for job_name in &plan.active {
+        let key = (namespace.to_string(), job_name.clone());
+        if ctx.runs.is_supervised(&key) || !ctx.runs.orphan_check_due(&key, now, every) {
+            continue;
+        }
+        let Some(job) = ctx.cached_job(namespace, job_name) else {
+            continue;
+        };
+        let check = run::check_orphan(
+            Arc::clone(ctx),
+            Arc::clone(lj),
+            plan.valid.clone(),
+            Job::clone(&job),
+        );
+        ctx.tasks.spawn(check);
     }
-    Ok(Action::requeue(wait.max(Duration::from_millis(50))))
+}
+
+/// Merge-patches the status; with `guarded`, only over the version this reconcile saw.
+/// Returns false when another writer came first (409).
+async fn write_status(
+    ctx: &Context,
+    lj: &LockedJob,
+    namespace: &str,
+    status: StatusUpdate,
+    guarded: bool,
+) -> Result<bool, Error> {
+    let mut patch = json!({"status": {"conditions": status.conditions,
+        "observedGeneration": status.observed_generation}});
+    if let Some(active) = status.active {
+        patch["status"]["active"] = json!(active);
+    }
+    if guarded {
+        patch["metadata"] = json!({"resourceVersion": lj.resource_version()});
+    }
+    let api: Api<LockedJob> = Api::namespaced(ctx.client.clone(), namespace);
+    match api
+        .patch_status(
+            &lj.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(patch),
+        )
+        .await
+    {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(s)) if s.code == 409 && guarded => Ok(false),
+        Err(e) => Err(e.into()),
+    }
 }

@@ -7,7 +7,7 @@ use super::lease::Lease;
 use super::node::{Node, Request};
 use super::scripts;
 use super::timing::{backoff, drift_allowance, may_hold_quorum, quorum, validity};
-use crate::metrics::{self, Outcome};
+use crate::metrics::{Metrics, Outcome};
 use futures::future::join_all;
 use redis::FromRedisValue;
 use std::collections::HashMap;
@@ -29,6 +29,7 @@ struct Inner {
     quorum: usize,
     /// When false, requests go to one node after the other (only for the benchmark's baseline).
     parallel: bool,
+    metrics: Metrics,
 }
 
 /// What each node said in one round.
@@ -39,7 +40,13 @@ struct Round<T> {
 
 impl Redlock {
     /// Validates the configuration. Connects lazily: nodes that are down now are retried on use.
+    /// Counts into metrics of its own; see [`Redlock::with_metrics`].
     pub fn new(config: RedlockConfig) -> Result<Self, ConfigError> {
+        Self::with_metrics(config, Metrics::new())
+    }
+
+    /// Like [`Redlock::new`], counting into `metrics` (the operator's, which `/metrics` shows).
+    pub fn with_metrics(config: RedlockConfig, metrics: Metrics) -> Result<Self, ConfigError> {
         let parsed = config.parse_nodes()?;
         let nodes = parsed
             .into_iter()
@@ -59,6 +66,7 @@ impl Redlock {
                 nodes,
                 config,
                 parallel: true,
+                metrics,
             }),
         })
     }
@@ -73,6 +81,10 @@ impl Redlock {
                 ..inner
             }),
         })
+    }
+
+    pub fn metrics(&self) -> &Metrics {
+        &self.inner.metrics
     }
 
     pub fn config(&self) -> &RedlockConfig {
@@ -100,7 +112,9 @@ impl Redlock {
     pub async fn try_acquire(&self, name: &str, ttl: Duration) -> Result<Lease, LockError> {
         let started = Instant::now();
         let result = self.attempt(name, ttl, None).await;
-        metrics::record_acquire(outcome_of(&result), started.elapsed());
+        self.inner
+            .metrics
+            .record_acquire(outcome_of(&result), started.elapsed());
         result
     }
 
@@ -117,7 +131,9 @@ impl Redlock {
     ) -> Result<Lease, LockError> {
         let started = Instant::now();
         let result = self.attempt(name, ttl, Some(step)).await;
-        metrics::record_acquire(outcome_of(&result), started.elapsed());
+        self.inner
+            .metrics
+            .record_acquire(outcome_of(&result), started.elapsed());
         result
     }
 
@@ -356,7 +372,7 @@ impl Redlock {
     pub async fn extend(&self, lease: &Lease) -> Result<Instant, LockError> {
         let started = Instant::now();
         let result = self.extend_inner(lease, started).await;
-        metrics::record_renewal(result.is_ok());
+        self.inner.metrics.record_renewal(result.is_ok());
         result
     }
 
@@ -437,7 +453,7 @@ impl Redlock {
         let released = self
             .release_value(&self.lock_key(&lease.name), &lease.value)
             .await;
-        metrics::record_release();
+        self.inner.metrics.record_release();
         released
     }
 
@@ -464,7 +480,7 @@ impl Redlock {
         let round = self
             .round::<i64>("probe", Request::Script(&invocation), None)
             .await;
-        metrics::set_nodes_reachable(round.replies.len());
+        self.inner.metrics.set_nodes_reachable(round.replies.len());
         round.replies.len()
     }
 
@@ -521,7 +537,7 @@ impl Redlock {
             .enumerate()
             .filter(|(index, _)| !skip.get(*index).copied().unwrap_or(false))
             .collect();
-        metrics::record_redis_requests(op, targets.len());
+        self.inner.metrics.record_redis_requests(op, targets.len());
         let results: Vec<(usize, Result<T, NodeErrorKind>)> = if self.inner.parallel {
             join_all(targets.iter().map(|(index, node)| async move {
                 (*index, node.run_within::<T>(request, limit).await)

@@ -12,7 +12,6 @@
 use super::config::LeaseTiming;
 use super::engine::Redlock;
 use super::lease::Lease;
-use crate::metrics;
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -159,7 +158,7 @@ async fn run(
             _ = tokio::time::sleep_until(wake.into()) => {}
         }
         if Instant::now() >= give_up_at {
-            return declare_lost(lease, &lost);
+            return declare_lost(&engine, lease, &lost);
         }
         let attempt_started = Instant::now();
         status.send_modify(|s| s.last_attempt = Some(attempt_started));
@@ -184,13 +183,13 @@ async fn run(
                 tracing::warn!(lock = %lease.name, token = lease.token, error = %err, remaining_ms = lease.remaining().as_millis() as u64, "lease renewal failed; retrying");
                 next_renewal = Instant::now() + retry_delay(&timing);
             }
-            Err(_) => return declare_lost(lease, &lost),
+            Err(_) => return declare_lost(&engine, lease, &lost),
         }
     }
 }
 
-fn declare_lost(lease: Lease, lost: &CancellationToken) -> WatchdogEnd {
-    metrics::record_lease_lost();
+fn declare_lost(engine: &Redlock, lease: Lease, lost: &CancellationToken) -> WatchdogEnd {
+    engine.metrics().record_lease_lost();
     tracing::error!(lock = %lease.name, token = lease.token, "lease lost: no quorum renewed it before the safety margin; stopping the work");
     lost.cancel();
     WatchdogEnd::Lost(lease)

@@ -1,0 +1,458 @@
+//! What a reconcile does, decided without I/O: from the LockedJob and what was observed (its
+//! Jobs, the time, the Redis nodes answering), which run to start, which Jobs to check for a
+//! dead holder, which finished Jobs to delete, what status to write and when to look again.
+//! `reconcile.rs` gathers the inputs and carries the plan out.
+
+use super::jobs::{expired_history, job_state, scheduled_time, JobState};
+use super::status::{set_condition, ConditionUpdate};
+use crate::api::{conditions, describe, validate, LockedJob, ValidSpec, ANNOTATION_RUN_NOW};
+use crate::schedule::{next_action, parse_run_now, Decision, History, TOO_MANY_MISSED};
+use jiff::Timestamp;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::ObjectReference;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::ResourceExt;
+use std::time::Duration;
+
+/// The longest a LockedJob waits for its next reconcile.
+pub const MAX_REQUEUE: Duration = Duration::from_secs(300);
+
+/// What a reconcile saw, besides the LockedJob.
+#[derive(Debug, Clone)]
+pub struct Observed {
+    pub now: Timestamp,
+    /// The LockedJob's Jobs (label and owner reference), from the watch cache.
+    pub jobs: Vec<Job>,
+    /// Redis nodes that answered the last probe, of how many, and the quorum.
+    pub reachable: usize,
+    pub nodes: usize,
+    pub quorum: usize,
+}
+
+/// The status a reconcile writes, when it differs from what the object has.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StatusUpdate {
+    pub conditions: Vec<Condition>,
+    pub active: Option<Vec<ObjectReference>>,
+    pub observed_generation: Option<i64>,
+}
+
+#[derive(Debug, Clone)]
+pub enum Plan {
+    /// The spec is invalid: nothing runs. `report` is set the first time this message is seen
+    /// for this generation (status written and a Warning Event), not at every reconcile.
+    Invalid {
+        message: String,
+        report: Option<StatusUpdate>,
+    },
+    Valid(Box<ValidPlan>),
+}
+
+#[derive(Debug, Clone)]
+pub struct ValidPlan {
+    pub valid: ValidSpec,
+    /// The run-now annotation: the time asked for, or why the value is refused.
+    pub run_now: Option<Result<Timestamp, String>>,
+    /// The value of the run-now annotation, to clear it when refused.
+    pub run_now_value: Option<String>,
+    /// A scheduled run to start, with the active Jobs to stop first (Replace).
+    pub start: Option<(Timestamp, Vec<String>)>,
+    /// More than `TOO_MANY_MISSED` due times were missed (worth a Warning Event).
+    pub missed_too_many: bool,
+    /// Active Jobs: a replica that does not supervise one checks its holder.
+    pub active: Vec<String>,
+    /// Finished Jobs beyond the history limits.
+    pub delete: Vec<String>,
+    pub status: Option<StatusUpdate>,
+    pub requeue: Duration,
+}
+
+pub fn decide(lj: &LockedJob, seen: &Observed) -> Plan {
+    let namespace = lj.namespace().unwrap_or_default();
+    match validate(&namespace, &lj.name_any(), &lj.spec) {
+        Ok(valid) => Plan::Valid(Box::new(decide_valid(lj, seen, valid))),
+        Err(errors) => decide_invalid(lj, seen.now, describe(&errors)),
+    }
+}
+
+fn decide_invalid(lj: &LockedJob, now: Timestamp, message: String) -> Plan {
+    let status = lj.status.clone().unwrap_or_default();
+    let generation = lj.metadata.generation;
+    let already = status.observed_generation == generation
+        && status.conditions.iter().any(|c| {
+            c.type_ == conditions::INVALID_SPEC && c.status == "True" && c.message == message
+        });
+    let report = (!already).then(|| {
+        let mut conditions = status.conditions.clone();
+        for kind in [conditions::INVALID_SPEC, conditions::READY] {
+            let update = ConditionUpdate {
+                kind,
+                status: kind == conditions::INVALID_SPEC,
+                reason: "InvalidSpec",
+                message: &message,
+                generation,
+            };
+            set_condition(&mut conditions, update, now);
+        }
+        StatusUpdate {
+            conditions,
+            active: None,
+            observed_generation: generation,
+        }
+    });
+    Plan::Invalid { message, report }
+}
+
+fn decide_valid(lj: &LockedJob, seen: &Observed, valid: ValidSpec) -> ValidPlan {
+    let active: Vec<&Job> = seen
+        .jobs
+        .iter()
+        .filter(|j| job_state(j) == JobState::Active && j.metadata.deletion_timestamp.is_none())
+        .collect();
+    let status = lj.status.clone().unwrap_or_default();
+    let last = seen
+        .jobs
+        .iter()
+        .filter_map(scheduled_time)
+        .chain(status.last_schedule_time.as_ref().map(|t| t.0))
+        .max();
+    let history = History {
+        created: lj
+            .metadata
+            .creation_timestamp
+            .as_ref()
+            .map_or(seen.now, |t| t.0),
+        last_schedule_time: last,
+        active_runs: active.len(),
+    };
+    let decision = next_action(&valid.policy, seen.now, &history);
+    let active_names: Vec<String> = active.iter().map(|j| j.name_any()).collect();
+    let (start, missed_too_many, next) = match decision {
+        Decision::Run {
+            scheduled,
+            replace_active,
+            missed,
+            next,
+        } => {
+            let replace = if replace_active {
+                active_names.clone()
+            } else {
+                Vec::new()
+            };
+            (Some((scheduled, replace)), missed > TOO_MANY_MISSED, next)
+        }
+        Decision::Skip { next, .. } | Decision::Wait { next } => (None, false, next),
+    };
+    let run_now_value = lj.annotations().get(ANNOTATION_RUN_NOW).cloned();
+    let mut requeue = until(next, seen.now);
+    if !active.is_empty() {
+        requeue = requeue.min(valid.timing.ttl / 2);
+    }
+    ValidPlan {
+        run_now: run_now_value.as_deref().map(parse_run_now),
+        run_now_value,
+        start,
+        missed_too_many,
+        delete: expired_history(
+            &seen.jobs,
+            lj.spec.successful_jobs_history_limit.max(0) as usize,
+            lj.spec.failed_jobs_history_limit.max(0) as usize,
+        ),
+        status: status_update(lj, seen, &valid, next, &active),
+        active: active_names,
+        requeue: requeue.max(Duration::from_millis(50)),
+        valid,
+    }
+}
+
+/// Conditions and active Jobs every replica computes alike; `None` when nothing changed, so
+/// replicas do not write the same status over and over.
+fn status_update(
+    lj: &LockedJob,
+    seen: &Observed,
+    valid: &ValidSpec,
+    next: Option<Timestamp>,
+    active: &[&Job],
+) -> Option<StatusUpdate> {
+    let status = lj.status.clone().unwrap_or_default();
+    let generation = lj.metadata.generation;
+    let ready_message = match next {
+        Some(t) if valid.policy.suspend => format!("suspended; next scheduled time {t}"),
+        Some(t) => format!("next scheduled time {t}"),
+        None => "the schedule has no future time".into(),
+    };
+    let degraded = seen.reachable < seen.nodes;
+    let redis_message = format!(
+        "{} of {} Redis nodes answer (quorum {})",
+        seen.reachable, seen.nodes, seen.quorum
+    );
+    let updates = [
+        (
+            conditions::INVALID_SPEC,
+            false,
+            "Valid",
+            "the spec is valid",
+            generation,
+        ),
+        (
+            conditions::READY,
+            true,
+            "Scheduling",
+            ready_message.as_str(),
+            generation,
+        ),
+        (
+            conditions::REDIS_DEGRADED,
+            degraded,
+            if degraded { "NodesDown" } else { "AllNodesUp" },
+            redis_message.as_str(),
+            None,
+        ),
+    ];
+    let mut conditions = status.conditions.clone();
+    for (kind, value, reason, message, generation) in updates {
+        let update = ConditionUpdate {
+            kind,
+            status: value,
+            reason,
+            message,
+            generation,
+        };
+        set_condition(&mut conditions, update, seen.now);
+    }
+    let active_refs: Vec<ObjectReference> = active.iter().map(|j| job_reference(j)).collect();
+    let changed = !same_conditions(&conditions, &status.conditions)
+        || status.active != active_refs
+        || status.observed_generation != generation;
+    changed.then_some(StatusUpdate {
+        conditions,
+        active: Some(active_refs),
+        observed_generation: generation,
+    })
+}
+
+fn job_reference(job: &Job) -> ObjectReference {
+    ObjectReference {
+        api_version: Some("batch/v1".into()),
+        kind: Some("Job".into()),
+        name: Some(job.name_any()),
+        namespace: job.namespace(),
+        uid: job.uid(),
+        ..Default::default()
+    }
+}
+
+/// Equal but for Ready's message, which names the next time and changes at every run.
+fn same_conditions(a: &[Condition], b: &[Condition]) -> bool {
+    a.len() == b.len()
+        && a.iter().all(|x| {
+            b.iter().any(|y| {
+                y.type_ == x.type_
+                    && y.status == x.status
+                    && y.reason == x.reason
+                    && (y.type_ == conditions::READY || y.message == x.message)
+            })
+        })
+}
+
+fn until(next: Option<Timestamp>, now: Timestamp) -> Duration {
+    next.map(|t| Duration::from_millis((t - now).get_milliseconds().max(0) as u64))
+        .unwrap_or(MAX_REQUEUE)
+        .min(MAX_REQUEUE)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn ts(s: &str) -> Timestamp {
+        s.parse().unwrap_or_else(|e| panic!("{s}: {e}"))
+    }
+
+    /// A LockedJob every minute, created at 10:00, with `extra` merged into its JSON.
+    fn locked_job(extra: serde_json::Value) -> LockedJob {
+        let mut value = json!({
+            "apiVersion": "lockedjob.dev/v1alpha1", "kind": "LockedJob",
+            "metadata": {"name": "report", "namespace": "team-a", "uid": "u-1", "generation": 1,
+                         "creationTimestamp": "2026-01-01T10:00:00Z"},
+            "spec": {"schedule": "* * * * *", "successfulJobsHistoryLimit": 1,
+                     "failedJobsHistoryLimit": 1,
+                     "jobTemplate": {"spec": {"template": {"spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 5,
+                        "containers": [{"name": "main", "image": "busybox"}]}}}}}
+        });
+        json_patch::merge(&mut value, &extra);
+        serde_json::from_value(value).expect("locked job")
+    }
+
+    /// A Job of the LockedJob for `scheduled`, in `state` ("active", "Complete", "Failed").
+    fn job(scheduled: &str, state: &str) -> Job {
+        let minute = ts(scheduled).as_second() / 60;
+        let conditions = match state {
+            "active" => json!([]),
+            kind => json!([{"type": kind, "status": "True"}]),
+        };
+        serde_json::from_value(json!({
+            "metadata": {"name": format!("report-{minute}"), "namespace": "team-a",
+                "creationTimestamp": scheduled,
+                "annotations": {"lockedjob.dev/scheduled-time": scheduled}},
+            "status": {"conditions": conditions}
+        }))
+        .expect("job")
+    }
+
+    fn observed(now: &str, jobs: Vec<Job>, reachable: usize) -> Observed {
+        Observed {
+            now: ts(now),
+            jobs,
+            reachable,
+            nodes: 3,
+            quorum: 2,
+        }
+    }
+
+    fn valid(plan: Plan) -> ValidPlan {
+        match plan {
+            Plan::Valid(plan) => *plan,
+            other => panic!("expected a valid plan: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn runs_are_started_held_back_and_cleaned_up_as_cronjob_would() {
+        let forbid = json!({"spec": {"concurrencyPolicy": "Forbid"}});
+        let replace = json!({"spec": {"concurrencyPolicy": "Replace"}});
+        let allow = json!({"spec": {"concurrencyPolicy": "Allow"}});
+        let suspended = json!({"spec": {"suspend": true}});
+        let at = "2026-01-01T10:05:10Z";
+        type Check = fn(&ValidPlan) -> bool;
+        let table: Vec<(&str, serde_json::Value, Vec<Job>, Check)> = vec![
+            ("due: start 10:05", json!({}), vec![], |p| {
+                p.start.as_ref().map(|s| s.0) == Some(ts("2026-01-01T10:05:00Z"))
+            }),
+            (
+                "already ran 10:05: nothing to start",
+                json!({}),
+                vec![job("2026-01-01T10:05:00Z", "Complete")],
+                |p| p.start.is_none(),
+            ),
+            (
+                "Allow: start beside an active run",
+                allow,
+                vec![job("2026-01-01T10:04:00Z", "active")],
+                |p| p.start.as_ref().is_some_and(|s| s.1.is_empty()) && p.active.len() == 1,
+            ),
+            (
+                "Forbid: held back while one is active",
+                forbid,
+                vec![job("2026-01-01T10:04:00Z", "active")],
+                |p| p.start.is_none(),
+            ),
+            (
+                "Replace: start and stop the active one",
+                replace,
+                vec![job("2026-01-01T10:04:00Z", "active")],
+                |p| p.start.as_ref().is_some_and(|s| s.1.len() == 1),
+            ),
+            ("suspended: nothing starts", suspended, vec![], |p| {
+                p.start.is_none()
+            }),
+            (
+                "history beyond the limits is deleted, oldest first",
+                json!({}),
+                vec![
+                    job("2026-01-01T10:03:00Z", "Complete"),
+                    job("2026-01-01T10:04:00Z", "Complete"),
+                    job("2026-01-01T10:05:00Z", "Failed"),
+                ],
+                |p| {
+                    p.delete.len() == 1
+                        && p.delete[0]
+                            .ends_with(&(ts("2026-01-01T10:03:00Z").as_second() / 60).to_string())
+                },
+            ),
+            (
+                "an active run: looked at again within half a TTL",
+                json!({}),
+                vec![job("2026-01-01T10:05:00Z", "active")],
+                |p| p.requeue <= Duration::from_secs(15),
+            ),
+        ];
+        for (what, extra, jobs, check) in table {
+            let plan = valid(decide(&locked_job(extra), &observed(at, jobs, 3)));
+            assert!(check(&plan), "{what}: {plan:#?}");
+        }
+    }
+
+    #[test]
+    fn status_is_written_when_it_changes_and_only_then() {
+        let lj = locked_job(json!({}));
+        let first = valid(decide(&lj, &observed("2026-01-01T10:05:30Z", vec![], 3)));
+        let update = first.status.expect("a fresh object gets its conditions");
+        let kinds: Vec<(&str, &str)> = update
+            .conditions
+            .iter()
+            .map(|c| (c.type_.as_str(), c.status.as_str()))
+            .collect();
+        assert_eq!(
+            kinds,
+            [
+                ("InvalidSpec", "False"),
+                ("Ready", "True"),
+                ("RedisDegraded", "False")
+            ]
+        );
+        // The same status written back: the next reconcile writes nothing, even though
+        // Ready's message (the next time) moved on.
+        let written = locked_job(json!({"status": {
+            "conditions": update.conditions, "observedGeneration": 1}}));
+        let again = valid(decide(
+            &written,
+            &observed("2026-01-01T10:06:30Z", vec![], 3),
+        ));
+        assert_eq!(again.status, None);
+        // A node stops answering: RedisDegraded turns True.
+        let degraded = valid(decide(
+            &written,
+            &observed("2026-01-01T10:06:30Z", vec![], 2),
+        ));
+        let conditions = degraded.status.expect("changed").conditions;
+        assert!(conditions.iter().any(|c| c.type_ == "RedisDegraded"
+            && c.status == "True"
+            && c.message.contains("2 of 3")));
+    }
+
+    #[test]
+    fn an_invalid_spec_is_reported_once_per_message_and_generation() {
+        let bad = locked_job(json!({"spec": {"schedule": "61 * * * *"}}));
+        let now = "2026-01-01T10:05:00Z";
+        let Plan::Invalid { message, report } = decide(&bad, &observed(now, vec![], 3)) else {
+            panic!("invalid")
+        };
+        assert!(message.contains("spec.schedule"), "{message}");
+        let report = report.expect("reported the first time");
+        let reported = locked_job(json!({"spec": {"schedule": "61 * * * *"}, "status": {
+            "conditions": report.conditions, "observedGeneration": 1}}));
+        let Plan::Invalid { report, .. } = decide(&reported, &observed(now, vec![], 3)) else {
+            panic!("still invalid")
+        };
+        assert_eq!(
+            report, None,
+            "not again for the same message and generation"
+        );
+    }
+
+    #[test]
+    fn the_run_now_annotation_is_parsed_or_refused() {
+        let at = "2026-01-01T10:05:30Z";
+        let asked = locked_job(json!({"metadata": {"annotations": {
+            "lockedjob.dev/run-now": "2026-01-01T10:05:20Z"}}}));
+        let plan = valid(decide(&asked, &observed(at, vec![], 3)));
+        assert_eq!(plan.run_now, Some(Ok(ts("2026-01-01T10:05:20Z"))));
+        let garbled = locked_job(json!({"metadata": {"annotations": {
+            "lockedjob.dev/run-now": "now please"}}}));
+        let plan = valid(decide(&garbled, &observed(at, vec![], 3)));
+        assert!(matches!(plan.run_now, Some(Err(ref m)) if m.contains("RFC 3339")));
+        assert_eq!(plan.run_now_value.as_deref(), Some("now please"));
+    }
+}

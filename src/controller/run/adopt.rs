@@ -1,0 +1,93 @@
+//! Adoption (docs/design.md, "A run's life in the operator", 5): an active Job nobody here
+//! supervises may have lost its holder. Adopt it by acquiring the lock afresh; delete it if
+//! another cluster holds the lock; leave it if a replica of this cluster does.
+
+use super::super::events::{self, Reason};
+use super::super::jobs::{job_state, scheduled_time, JobState};
+use super::super::Context;
+use super::report::{bounded, API_CALL_LIMIT};
+use super::supervise::{supervise, HeldRun};
+use crate::api::{LockedJob, ValidSpec};
+use crate::redlock::Lease;
+use jiff::Timestamp;
+use k8s_openapi::api::batch::v1::Job;
+use kube::api::{Api, DeleteParams};
+use kube::ResourceExt;
+use std::sync::Arc;
+use tracing::Instrument;
+
+pub async fn check_orphan(ctx: Arc<Context>, lj: Arc<LockedJob>, valid: ValidSpec, job: Job) {
+    let namespace = lj.namespace().unwrap_or_default();
+    let job_name = job.name_any();
+    let span = tracing::info_span!("adopt", namespace = %namespace, name = %lj.name_any(), lock = %valid.lock_name, job = %job_name, token = tracing::field::Empty);
+    let adopted = {
+        let key = (namespace.clone(), job_name.clone());
+        let Some(_checking) = ctx.runs.claim_job(&key) else {
+            return;
+        };
+        try_adopt(&ctx, &lj, &valid, &job_name)
+            .instrument(span.clone())
+            .await
+    };
+    if let Some(lease) = adopted {
+        let run = HeldRun {
+            job_name,
+            lease,
+            timing: valid.timing,
+            scheduled: scheduled_time(&job).unwrap_or_else(Timestamp::now),
+        };
+        supervise(ctx, lj, run).instrument(span).await;
+    }
+}
+
+async fn try_adopt(
+    ctx: &Context,
+    lj: &LockedJob,
+    valid: &ValidSpec,
+    job_name: &str,
+) -> Option<Lease> {
+    let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), &lj.namespace().unwrap_or_default());
+    let ours = format!("{}/", ctx.cluster_id);
+    match ctx.engine.current_holder(&valid.lock_name).await {
+        Some(holder) if holder.starts_with(&ours) => None,
+        Some(holder) => {
+            tracing::warn!(%holder, "another cluster holds the lock: deleting this cluster's orphaned Job");
+            bounded(
+                API_CALL_LIMIT,
+                jobs.delete(job_name, &DeleteParams::foreground()),
+            )
+            .await;
+            let note = format!(
+                "Job {job_name} deleted: lock {} is held by {holder}",
+                valid.lock_name
+            );
+            events::publish(ctx, lj, Reason::OrphanDeleted, note);
+            None
+        }
+        None => {
+            let lease = ctx
+                .engine
+                .try_acquire(&valid.lock_name, valid.timing.ttl)
+                .await
+                .ok()?;
+            // Our view of the Job may be stale: its holder may have seen it finish and
+            // released the lock a moment ago. Adopt only a Job that still runs.
+            let fresh = bounded(API_CALL_LIMIT, jobs.get_opt(job_name)).await;
+            let runs = matches!(&fresh, Some(Some(job)) if job_state(job) == JobState::Active && job.metadata.deletion_timestamp.is_none());
+            if !runs {
+                tracing::debug!("the Job finished meanwhile: nothing to adopt");
+                ctx.engine.release(&lease).await;
+                return None;
+            }
+            tracing::Span::current().record("token", lease.token());
+            tracing::info!("holder gone: lock acquired afresh, adopting the Job");
+            let note = format!(
+                "Job {job_name} adopted by {} with token {}",
+                lease.holder(),
+                lease.token()
+            );
+            events::publish(ctx, lj, Reason::Adopted, note);
+            Some(lease)
+        }
+    }
+}

@@ -1,0 +1,181 @@
+//! Stage 2 of a run: with the lock won, stop the Jobs `Replace` names, create the run's Job
+//! (retrying while the lease leaves room) and record the run in the LockedJob's status.
+
+use super::super::events::{self, Reason};
+use super::super::jobs::{build_job, job_name, manual_job_name, RunIdentity};
+use super::super::{Context, MANAGER};
+use super::acquire::acquire;
+use super::report::{bounded, clear_run_now, patch_status, record, API_CALL_LIMIT};
+use super::{NotStarted, RunKind};
+use crate::api::{LockedJob, RunOutcome, ValidSpec};
+use crate::metrics::RunResult;
+use crate::redlock::Lease;
+use jiff::Timestamp;
+use k8s_openapi::api::batch::v1::Job;
+use kube::api::{Api, DeleteParams, PostParams};
+use kube::ResourceExt;
+use serde_json::json;
+use std::time::Duration;
+
+/// A run whose Job exists, ready to be supervised.
+pub(super) struct Launched {
+    pub lease: Lease,
+    pub job_name: String,
+}
+
+/// Acquires the lock for `scheduled` and creates the run's Job.
+pub(super) async fn launch(
+    ctx: &Context,
+    lj: &LockedJob,
+    valid: &ValidSpec,
+    scheduled: Timestamp,
+    kind: RunKind,
+) -> Result<Launched, NotStarted> {
+    let (manual, replace) = match kind {
+        RunKind::Scheduled { replace } => (false, replace),
+        RunKind::Manual => (true, Vec::new()),
+    };
+    if ctx.shutdown.is_cancelled() {
+        return Err(NotStarted::Failed);
+    }
+    let lease = acquire(ctx, lj, valid, scheduled, manual).await?;
+    tracing::Span::current().record("token", lease.token());
+    events::publish(
+        ctx,
+        lj,
+        Reason::Acquired,
+        format!(
+            "lock {} acquired by {} with fencing token {} for {scheduled}",
+            valid.lock_name,
+            lease.holder(),
+            lease.token()
+        ),
+    );
+    let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), &lj.namespace().unwrap_or_default());
+    for name in &replace {
+        tracing::info!(job = %name, "concurrencyPolicy Replace: stopping the active Job");
+        bounded(
+            API_CALL_LIMIT,
+            jobs.delete(name, &DeleteParams::foreground()),
+        )
+        .await;
+    }
+    let job_name = if manual {
+        manual_job_name(&lj.name_any(), scheduled)
+    } else {
+        job_name(
+            &lj.name_any(),
+            scheduled,
+            valid.policy.schedule.has_seconds(),
+        )
+    };
+    let job = build_job(
+        lj,
+        &RunIdentity {
+            job_name: &job_name,
+            scheduled,
+            lock_name: &valid.lock_name,
+            lock_value: lease.value(),
+            holder: lease.holder(),
+            token: lease.token(),
+            manual,
+        },
+    );
+    // The time is already recorded as started (phase 2), so nobody else will run it: keep
+    // trying to create the Job while the lease leaves room, or it is lost.
+    let created = create_job(&jobs, &job, &lease).await;
+    if !report_created(ctx, lj, &lease, &job_name, scheduled, manual, created).await {
+        ctx.engine.release(&lease).await;
+        return Err(NotStarted::Failed);
+    }
+    let mut status =
+        json!({"lastRun": record(&lease, &job_name, scheduled, RunOutcome::Running, None)});
+    if manual {
+        // Done with the request: no replica may act on it again.
+        clear_run_now(ctx, lj, &scheduled.to_string()).await;
+    } else {
+        status["lastScheduleTime"] = json!(scheduled.to_string());
+    }
+    patch_status(ctx, lj, status).await;
+    Ok(Launched { lease, job_name })
+}
+
+/// Logs, counts and publishes how the create went; false when there is no Job to supervise.
+async fn report_created(
+    ctx: &Context,
+    lj: &LockedJob,
+    lease: &Lease,
+    job_name: &str,
+    scheduled: Timestamp,
+    manual: bool,
+    created: Created,
+) -> bool {
+    match created {
+        Created::New => {
+            let lag = (Timestamp::now() - scheduled).get_milliseconds().max(0) as u64;
+            if !manual {
+                ctx.metrics.record_schedule_lag(Duration::from_millis(lag));
+            }
+            tracing::info!(job = %job_name, lag_ms = lag, "Job created");
+            let note = format!(
+                "created Job {job_name} for {scheduled} (token {})",
+                lease.token()
+            );
+            events::publish(ctx, lj, Reason::Created, note);
+            true
+        }
+        Created::Existed => {
+            tracing::info!(job = %job_name, "the Job already exists (created by an earlier holder or an attempt whose reply was lost); supervising it");
+            true
+        }
+        Created::Failed(message) => {
+            tracing::error!(job = %job_name, error = %message, "Job not created; this scheduled time is skipped");
+            ctx.metrics.record_run(RunResult::CreateFailed);
+            let note = format!(
+                "cannot create Job {job_name} for {scheduled}, the run is skipped: {message}"
+            );
+            events::publish(ctx, lj, Reason::CreateFailed, note);
+            if manual {
+                clear_run_now(ctx, lj, &scheduled.to_string()).await;
+            }
+            false
+        }
+    }
+}
+
+/// How creating a run's Job ended.
+enum Created {
+    New,
+    /// The name exists: an earlier holder's Job, or our own attempt whose reply was lost.
+    Existed,
+    /// Not created, with why.
+    Failed(String),
+}
+
+/// Creates `job`, retrying timeouts, transport errors, 429 and 5xx while the lease has room
+/// for another bounded attempt. The deterministic name makes a retry safe: a 409 means an
+/// earlier attempt landed. Other 4xx (invalid template, forbidden) will not heal by retrying.
+async fn create_job(jobs: &Api<Job>, job: &Job, lease: &Lease) -> Created {
+    let params = PostParams {
+        field_manager: Some(MANAGER.into()),
+        ..Default::default()
+    };
+    let mut pause = Duration::from_millis(200);
+    loop {
+        let failure = match tokio::time::timeout(API_CALL_LIMIT, jobs.create(&params, job)).await {
+            Ok(Ok(_)) => return Created::New,
+            Ok(Err(kube::Error::Api(s))) if s.code == 409 => return Created::Existed,
+            Ok(Err(kube::Error::Api(s))) if s.code != 429 && s.code < 500 => {
+                return Created::Failed(format!("{} ({})", s.message, s.code))
+            }
+            Ok(Err(e)) => e.to_string(),
+            Err(_) => format!("no answer within {API_CALL_LIMIT:?}"),
+        };
+        if lease.remaining() < API_CALL_LIMIT + pause {
+            return Created::Failed(format!("{failure}; gave up before the lease ran out"));
+        }
+        tracing::warn!(error = %failure, "Job create failed; retrying");
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_secs(2));
+    }
+}

@@ -1,0 +1,133 @@
+//! One run's life, a stage a file: win the lock (`acquire`), create the Job (`launch`),
+//! supervise it under the watchdog and record how it ended (`supervise`), take over a Job whose
+//! holder vanished (`adopt`); `report` is what they write besides the Job.
+
+mod acquire;
+mod adopt;
+mod launch;
+mod report;
+mod supervise;
+
+pub use adopt::check_orphan;
+pub use report::{clear_run_now, stop_all};
+
+use super::runs::RunKey;
+use super::Context;
+use crate::api::{LockedJob, ValidSpec};
+use jiff::Timestamp;
+use kube::ResourceExt;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use supervise::{supervise, HeldRun};
+use tracing::Instrument;
+
+/// The LockedJob's last run as status shows it (Job, outcome, token), hashed: when it changes,
+/// the lock holder has moved on.
+fn last_run_tag(lj: &LockedJob) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    if let Some(run) = lj.status.as_ref().and_then(|s| s.last_run.as_ref()) {
+        (&run.job_name, run.outcome, run.fencing_token).hash(&mut hasher);
+    }
+    hasher.finish()
+}
+
+/// What starts a run.
+#[derive(Debug, Clone)]
+pub enum RunKind {
+    /// A due scheduled time; `replace` names active Jobs to stop first (concurrencyPolicy
+    /// Replace).
+    Scheduled { replace: Vec<String> },
+    /// The `lockedjob.dev/run-now` annotation, requested for the time it holds. Like
+    /// `kubectl create job --from=cronjob/x`: outside the schedule, so it neither reads nor
+    /// advances the lock's progress register, nor `lastScheduleTime`.
+    Manual,
+}
+
+/// Tries to run `lj` for `scheduled`: only the replica that wins the lock goes on.
+pub async fn start(
+    ctx: Arc<Context>,
+    lj: Arc<LockedJob>,
+    valid: ValidSpec,
+    scheduled: Timestamp,
+    kind: RunKind,
+) {
+    let namespace = lj.namespace().unwrap_or_default();
+    let manual = matches!(kind, RunKind::Manual);
+    let name = lj.name_any();
+    let key: RunKey = (
+        namespace.clone(),
+        if manual {
+            format!("{name}#run-now")
+        } else {
+            name.clone()
+        },
+        scheduled.as_second(),
+    );
+    let last_run = last_run_tag(&lj);
+    let (ttl, timing) = (valid.timing.ttl, valid.timing);
+    let span = tracing::info_span!("run", namespace = %namespace, name = %name, lock = %valid.lock_name, scheduled = %scheduled, manual, token = tracing::field::Empty);
+    let launched = {
+        let Some(_starting) = ctx.runs.claim_start(&key) else {
+            return;
+        };
+        if ctx.runs.settled.holds(&key, Instant::now(), last_run) {
+            return;
+        }
+        launch::launch(&ctx, &lj, &valid, scheduled, kind)
+            .instrument(span.clone())
+            .await
+    };
+    let settled = &ctx.runs.settled;
+    match launched {
+        Ok(launched) => {
+            settled.set(key, Instant::now() + SETTLED);
+            let run = HeldRun {
+                job_name: launched.job_name,
+                lease: launched.lease,
+                timing,
+                scheduled,
+            };
+            supervise(Arc::clone(&ctx), lj, run).instrument(span).await;
+        }
+        // Someone holds the lock for this time: it runs there. Try again only once their
+        // lease could have expired (they may have died before creating the Job).
+        Err(NotStarted::RunningElsewhere) => settled.set(key, Instant::now() + ttl),
+        // The lock is held for something else (an earlier run still going, or a winner of
+        // this time that has not recorded it yet): try again when the LockedJob's last run
+        // changes (that run ended, or this one started), which every replica sees as a status
+        // update, rather than at each of the bursts of Job events before it; after a TTL at
+        // the latest (a holder that died updates nothing).
+        Err(NotStarted::Contended) => {
+            settled.set_until_changed(key, Instant::now() + ttl, last_run)
+        }
+        Err(NotStarted::AlreadyRan) => settled.set(key, Instant::now() + SETTLED),
+        // No quorum, API trouble: a later reconcile tries again, but not at once: under
+        // overload (nodes timing out) immediate retries from every replica feed the overload.
+        Err(NotStarted::Failed) => settled.set(key, Instant::now() + jittered(FAILED_PAUSE)),
+    }
+}
+
+/// How long a scheduled time that ran (here or elsewhere) is not tried again by this replica.
+const SETTLED: Duration = Duration::from_secs(600);
+
+/// How long a replica whose attempt failed (no quorum, API error) waits before the next.
+const FAILED_PAUSE: Duration = Duration::from_millis(500);
+
+/// `pause` scaled by a random factor in [0.5, 1.5), so replicas that failed together do not
+/// retry together.
+pub(super) fn jittered(pause: Duration) -> Duration {
+    pause.mul_f64(0.5 + rand::random::<f64>())
+}
+
+/// Why this replica did not start a run.
+enum NotStarted {
+    /// Another runner holds the lock and has started this very time.
+    RunningElsewhere,
+    /// The lock is held, for an earlier time or before its holder recorded this one.
+    Contended,
+    /// The lock's progress register says this time already ran.
+    AlreadyRan,
+    /// No quorum, a split vote, API errors, shutting down: tried again after a short pause.
+    Failed,
+}

@@ -1,0 +1,199 @@
+//! Stage 3 of a run: renew the lease under the watchdog while the Job runs, act on lease loss
+//! (delete the Job before the deadline, unless another holder has it now), and record how the
+//! run ended (docs/design.md, "A run's life in the operator", 3 to 6).
+
+use super::super::events::{self, Reason};
+use super::super::jobs::{job_state, JobState};
+use super::super::status::{condition_is_true, ConditionUpdate};
+use super::super::Context;
+use super::report::{bounded, patch_status, record, update_condition, API_CALL_LIMIT};
+use crate::api::{conditions, LockedJob, RunOutcome};
+use crate::metrics::RunResult;
+use crate::redlock::{Lease, LeaseTiming, Watchdog};
+use jiff::Timestamp;
+use k8s_openapi::api::batch::v1::Job;
+use kube::api::{Api, DeleteParams};
+use kube::ResourceExt;
+use serde_json::json;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
+
+/// A run this replica holds the lock of, with its Job created.
+pub struct HeldRun {
+    pub job_name: String,
+    pub lease: Lease,
+    pub timing: LeaseTiming,
+    pub scheduled: Timestamp,
+}
+
+/// How supervision ended.
+enum End {
+    Finished(JobState),
+    /// The Job disappeared (deleted by a user, or by the LockedJob's deletion).
+    Gone,
+    LockLost,
+    HandedOver,
+}
+
+/// Renews the lease while the Job runs; acts on lease loss; records the outcome.
+pub async fn supervise(ctx: Arc<Context>, lj: Arc<LockedJob>, run: HeldRun) {
+    let namespace = lj.namespace().unwrap_or_default();
+    let key = (namespace.clone(), run.job_name.clone());
+    let Some(_supervising) = ctx.runs.claim_job(&key) else {
+        tracing::debug!(job = %run.job_name, "already supervised here");
+        return;
+    };
+    let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), &namespace);
+    // Dropped on every path out of here, which ends its renewals.
+    let watchdog = Watchdog::spawn(ctx.engine.clone(), run.lease.clone(), run.timing);
+    let end = watch_job(&ctx, &jobs, &namespace, &run.job_name, watchdog.lost()).await;
+    match end {
+        End::LockLost => {
+            let deadline = watchdog.status().deadline;
+            let _ = watchdog.stop().await;
+            on_lock_lost(&ctx, &lj, &jobs, &run, deadline).await;
+        }
+        End::HandedOver => {
+            // Release, so another replica acquires the lock afresh and adopts the Job.
+            watchdog.release(&ctx.engine).await;
+            tracing::info!(job = %run.job_name, "shutting down: lock released for another replica to adopt the Job");
+        }
+        End::Gone => {
+            watchdog.release(&ctx.engine).await;
+            ctx.metrics.record_run(RunResult::Stopped);
+            let message = Some("the Job was deleted".to_string());
+            let last = record(
+                &run.lease,
+                &run.job_name,
+                run.scheduled,
+                RunOutcome::Stopped,
+                message,
+            );
+            patch_status(&ctx, &lj, json!({"lastRun": last})).await;
+        }
+        End::Finished(state) => {
+            let held = watchdog.release(&ctx.engine).await;
+            on_finished(&ctx, &lj, &run, state, held).await;
+        }
+    }
+}
+
+/// Polls the Job (from the watch cache) until it finishes or goes, the lease is lost, or the
+/// replica shuts down.
+async fn watch_job(
+    ctx: &Context,
+    jobs: &Api<Job>,
+    namespace: &str,
+    job_name: &str,
+    lost: CancellationToken,
+) -> End {
+    loop {
+        tokio::select! {
+            biased;
+            _ = lost.cancelled() => return End::LockLost,
+            _ = ctx.shutdown.cancelled() => return End::HandedOver,
+            _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+        }
+        // Only a Job the cache does not have (just created, or gone) costs a GET.
+        let job = match ctx.cached_job(namespace, job_name) {
+            Some(job) => job,
+            None => match tokio::time::timeout(API_CALL_LIMIT, jobs.get_opt(job_name)).await {
+                Ok(Ok(Some(job))) => Arc::new(job),
+                Ok(Ok(None)) => return End::Gone,
+                // API trouble: keep the lease; the Job runs on regardless.
+                _ => continue,
+            },
+        };
+        match job_state(&job) {
+            JobState::Active => {}
+            finished => return End::Finished(finished),
+        }
+    }
+}
+
+/// Someone else holding the lock now (we were paused, they adopted the Job) owns the Job;
+/// otherwise nobody may run it without a lease: stop it before our deadline.
+async fn on_lock_lost(
+    ctx: &Context,
+    lj: &LockedJob,
+    jobs: &Api<Job>,
+    run: &HeldRun,
+    deadline: Instant,
+) {
+    ctx.metrics.record_run(RunResult::LockLost);
+    let (lease, job_name) = (&run.lease, &run.job_name);
+    let message = match ctx.engine.current_holder(lease.name()).await {
+        Some(holder) if holder != lease.holder() => {
+            tracing::warn!(new_holder = %holder, "lease lost; another holder has the lock now, leaving the Job to it");
+            format!(
+                "lease on {} lost; {holder} holds the lock now",
+                lease.name()
+            )
+        }
+        _ => {
+            let left = deadline.saturating_duration_since(Instant::now());
+            tracing::error!(
+                left_ms = left.as_millis() as u64,
+                "lease lost: deleting the Job before the lease deadline"
+            );
+            let limit = left.max(Duration::from_millis(100));
+            bounded(limit, jobs.delete(job_name, &DeleteParams::foreground())).await;
+            format!("lease on {} lost (no Redis quorum renewed it); Job {job_name} deleted before the lease deadline", lease.name())
+        }
+    };
+    events::publish(ctx, lj, Reason::LockLost, message.clone());
+    let update = ConditionUpdate {
+        kind: conditions::LOCK_LOST,
+        status: true,
+        reason: "LeaseLost",
+        message: &message,
+        generation: None,
+    };
+    update_condition(ctx, lj, update).await;
+    let last = record(
+        lease,
+        job_name,
+        run.scheduled,
+        RunOutcome::LockLost,
+        Some(message),
+    );
+    patch_status(ctx, lj, json!({"lastRun": last})).await;
+}
+
+async fn on_finished(ctx: &Context, lj: &LockedJob, run: &HeldRun, state: JobState, held: bool) {
+    let succeeded = state == JobState::Succeeded;
+    let (outcome, result, reason) = if succeeded {
+        (
+            RunOutcome::Succeeded,
+            RunResult::Succeeded,
+            Reason::Completed,
+        )
+    } else {
+        (RunOutcome::Failed, RunResult::Failed, Reason::Failed)
+    };
+    ctx.metrics.record_run(result);
+    let job_name = &run.job_name;
+    tracing::info!(job = %job_name, ?outcome, lease_held = held, "run finished; lock released");
+    let verb = if succeeded { "completed" } else { "failed" };
+    events::publish(ctx, lj, reason, format!("Job {job_name} {verb}"));
+    let mut status = json!({"lastRun": record(&run.lease, job_name, run.scheduled, outcome, None)});
+    if succeeded {
+        status["lastSuccessfulTime"] = json!(Timestamp::now().to_string());
+    }
+    patch_status(ctx, lj, status).await;
+    let lock_lost_shown = lj
+        .status
+        .as_ref()
+        .is_some_and(|s| condition_is_true(&s.conditions, conditions::LOCK_LOST));
+    if lock_lost_shown {
+        let update = ConditionUpdate {
+            kind: conditions::LOCK_LOST,
+            status: false,
+            reason: "LeaseHeld",
+            message: "the last run kept its lease",
+            generation: None,
+        };
+        update_condition(ctx, lj, update).await;
+    }
+}
