@@ -33,15 +33,18 @@ impl Health {
     }
 }
 
-pub async fn serve(
-    addr: SocketAddr,
-    ctx: Arc<Context>,
-) -> std::io::Result<tokio::task::JoinHandle<()>> {
-    let listener = TcpListener::bind(addr).await?;
-    Ok(tokio::spawn(async move {
-        while let Ok((mut stream, _)) = listener.accept().await {
-            let ctx = Arc::clone(&ctx);
-            tokio::spawn(async move {
+pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    TcpListener::bind(addr).await
+}
+
+/// Answers each request in a task of its own until the returned future is dropped.
+pub async fn serve(listener: TcpListener, ctx: Arc<Context>) {
+    let mut connections = tokio::task::JoinSet::new();
+    while let Ok((mut stream, _)) = listener.accept().await {
+        // Reap the finished ones so the set stays small.
+        while connections.try_join_next().is_some() {}
+        let ctx = Arc::clone(&ctx);
+        connections.spawn(async move {
                 let mut buf = [0u8; 2048];
                 let Ok(n) = stream.read(&mut buf).await else {
                     return;
@@ -72,6 +75,5 @@ pub async fn serve(
                 let response = format!("HTTP/1.1 {code} {reason}\r\ncontent-type: {content_type}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}", body.len());
                 let _ = stream.write_all(response.as_bytes()).await;
             });
-        }
-    }))
+    }
 }

@@ -26,6 +26,7 @@ use runs::Runs;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
+use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -166,40 +167,91 @@ pub fn return_large_allocations_to_the_system() {
 
 /// Runs the operator until SIGTERM/SIGINT; returns the process exit code.
 pub async fn run(args: OperatorArgs) -> i32 {
-    let config = args.redis.engine_config();
+    let Some((client, engine, metrics)) = connect(&args).await else {
+        return EXIT_CONFIG;
+    };
+    let scopes = scopes(&args.namespaces);
+    // Everything that runs beside the controllers; aborted when this returns.
+    let mut background = JoinSet::new();
+    let job_caches = watch_jobs(&client, &scopes, &mut background);
+    let ctx = Arc::new(Context {
+        client: client.clone(),
+        engine,
+        cluster_id: args.redis.cluster_id.clone(),
+        holder: args.redis.holder(),
+        runs: Runs::default(),
+        health: Health::default(),
+        shutdown: CancellationToken::new(),
+        job_caches,
+        lock_attempts: tokio::sync::Semaphore::new(MAX_LOCK_ATTEMPTS_IN_FLIGHT),
+        tasks: TaskTracker::new(),
+        metrics,
+    });
+    tracing::info!(holder = %ctx.holder, nodes = ?ctx.engine.node_labels(), namespaces = ?args.namespaces, "lockedjob operator starting");
+    match health::bind(args.metrics_addr).await {
+        Ok(listener) => background.spawn(health::serve(listener, Arc::clone(&ctx))),
+        Err(e) => {
+            tracing::error!(addr = %args.metrics_addr, error = %e, "cannot listen for /healthz, /readyz and /metrics");
+            return EXIT_CONFIG;
+        }
+    };
+    background.spawn(probe_redis(Arc::clone(&ctx)));
+    background.spawn(wait_for_shutdown(Arc::clone(&ctx)));
+    let (controllers, stores) = controllers(&client, &scopes, &ctx);
+    background.spawn(mark_synced(Arc::clone(&ctx), stores));
+    futures::future::join_all(controllers).await;
+    hand_over(&ctx).await;
+    tracing::info!("lockedjob operator stopped");
+    0
+}
+
+/// The engine (with the operator's metrics) and a Kubernetes client (in-cluster config or
+/// KUBECONFIG); `None` after logging why not.
+async fn connect(args: &OperatorArgs) -> Option<(Client, Redlock, Metrics)> {
     let metrics = Metrics::new();
-    let engine = match Redlock::with_metrics(config, metrics.clone()) {
+    let engine = match Redlock::with_metrics(args.redis.engine_config(), metrics.clone()) {
         Ok(engine) => engine,
         Err(e) => {
             tracing::error!(error = %e, "bad Redis configuration; the operator cannot start");
-            return EXIT_CONFIG;
+            return None;
         }
     };
-    let client = match Client::try_default().await {
-        Ok(client) => client,
+    match Client::try_default().await {
+        Ok(client) => Some((client, engine, metrics)),
         Err(e) => {
             tracing::error!(error = %e, "cannot build a Kubernetes client (in-cluster config or KUBECONFIG)");
-            return EXIT_CONFIG;
+            None
         }
-    };
-    let holder = args.redis.holder();
-    let namespaces: Vec<Option<String>> = if args.namespaces.iter().all(|n| n.trim().is_empty()) {
+    }
+}
+
+/// The watched scopes: the listed namespaces, or all (`None`).
+fn scopes(namespaces: &[String]) -> Vec<Option<String>> {
+    let listed: Vec<Option<String>> = namespaces
+        .iter()
+        .map(|n| n.trim())
+        .filter(|n| !n.is_empty())
+        .map(|n| Some(n.to_string()))
+        .collect();
+    if listed.is_empty() {
         vec![None]
     } else {
-        args.namespaces
-            .iter()
-            .filter(|n| !n.trim().is_empty())
-            .map(|n| Some(n.trim().to_string()))
-            .collect()
-    };
-    // One watch per scope feeds a cache of the operator's Jobs (the controller's own watch
-    // only triggers reconciles; kube-runtime keeps its store private).
-    let mut job_caches = Vec::new();
-    let mut job_watches = Vec::new();
-    for scope in &namespaces {
+        listed
+    }
+}
+
+/// One watch per scope feeds a cache of the operator's Jobs (the controller's own watch only
+/// triggers reconciles; kube-runtime keeps its store private).
+fn watch_jobs(
+    client: &Client,
+    scopes: &[Option<String>],
+    background: &mut JoinSet<()>,
+) -> Vec<(Option<String>, Store<Job>)> {
+    let mut caches = Vec::new();
+    for scope in scopes {
         let (cache, writer) = reflector::store();
         let watch = watcher(
-            scoped_api::<Job>(&client, scope),
+            scoped_api::<Job>(client, scope),
             watcher::Config::default().labels(jobs::LABEL_LOCKED_JOB),
         )
         .default_backoff()
@@ -211,82 +263,69 @@ pub async fn run(args: OperatorArgs) -> i32 {
             job.metadata.managed_fields = None;
         })
         .reflect(writer);
-        job_watches.push(tokio::spawn(watch.for_each(|_| async {})));
-        job_caches.push((scope.clone(), cache));
+        background.spawn(watch.for_each(|_| async {}));
+        caches.push((scope.clone(), cache));
     }
-    let ctx = Arc::new(Context {
-        client: client.clone(),
-        engine,
-        cluster_id: args.redis.cluster_id.clone(),
-        holder,
-        runs: Runs::default(),
-        health: Health::default(),
-        shutdown: CancellationToken::new(),
-        job_caches,
-        lock_attempts: tokio::sync::Semaphore::new(MAX_LOCK_ATTEMPTS_IN_FLIGHT),
-        tasks: TaskTracker::new(),
-        metrics,
-    });
-    tracing::info!(holder = %ctx.holder, nodes = ?ctx.engine.node_labels(), namespaces = ?args.namespaces, "lockedjob operator starting");
+    caches
+}
 
-    let health = match health::serve(args.metrics_addr, Arc::clone(&ctx)).await {
-        Ok(task) => task,
-        Err(e) => {
-            tracing::error!(addr = %args.metrics_addr, error = %e, "cannot listen for /healthz, /readyz and /metrics");
-            return EXIT_CONFIG;
-        }
-    };
-    let probe = tokio::spawn(probe_redis(Arc::clone(&ctx)));
-    let signals = tokio::spawn(wait_for_shutdown(Arc::clone(&ctx)));
+type Reconciles = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
 
-    let mut controller_stores = Vec::new();
-    let controllers: Vec<_> = namespaces
-        .iter()
-        .map(|scope| {
-            let ctx = Arc::clone(&ctx);
-            let controller = Controller::new(
-                scoped_api::<LockedJob>(&client, scope),
-                watcher::Config::default().any_semantic(),
+/// A controller per scope, ending when shutdown is requested and its reconciles in flight
+/// are done; and their LockedJob stores.
+fn controllers(
+    client: &Client,
+    scopes: &[Option<String>],
+    ctx: &Arc<Context>,
+) -> (Vec<Reconciles>, Vec<Store<LockedJob>>) {
+    let mut stores = Vec::new();
+    let mut controllers = Vec::new();
+    for scope in scopes {
+        let controller = Controller::new(
+            scoped_api::<LockedJob>(client, scope),
+            watcher::Config::default().any_semantic(),
+        )
+        .owns(
+            scoped_api::<Job>(client, scope),
+            watcher::Config::default().labels(jobs::LABEL_LOCKED_JOB),
+        );
+        stores.push(controller.store());
+        let shutdown = ctx.shutdown.clone();
+        let reconciles = controller
+            .graceful_shutdown_on(async move { shutdown.cancelled().await })
+            .run(
+                reconcile::reconcile,
+                reconcile::error_policy,
+                Arc::clone(ctx),
             )
-            .owns(
-                scoped_api::<Job>(&client, scope),
-                watcher::Config::default().labels(jobs::LABEL_LOCKED_JOB),
-            );
-            controller_stores.push(controller.store());
-            let shutdown = ctx.shutdown.clone();
-            controller
-                .graceful_shutdown_on(async move { shutdown.cancelled().await })
-                .run(reconcile::reconcile, reconcile::error_policy, ctx)
-                .for_each(|result| async move {
-                    if let Err(e) = result {
-                        tracing::debug!(error = %e, "reconcile failed");
-                    }
-                })
-        })
-        .collect();
-    // Ready once every watch of every scope has its first list.
-    let sync_ctx = Arc::clone(&ctx);
-    tokio::spawn(async move {
-        let jobs = futures::future::join_all(
-            sync_ctx
-                .job_caches
-                .iter()
-                .map(|(_, cache)| store_ready(|| cache.wait_until_ready())),
-        );
-        let lockedjobs = futures::future::join_all(
-            controller_stores
-                .iter()
-                .map(|s| store_ready(|| s.wait_until_ready())),
-        );
-        let (jobs, lockedjobs) = futures::future::join(jobs, lockedjobs).await;
-        if jobs.iter().chain(lockedjobs.iter()).all(|ready| *ready) {
-            sync_ctx.health.set_synced();
-        }
-    });
-    futures::future::join_all(controllers).await;
+            .for_each(|result| async move {
+                if let Err(e) = result {
+                    tracing::debug!(error = %e, "reconcile failed");
+                }
+            });
+        controllers.push(Box::pin(reconciles) as Reconciles);
+    }
+    (controllers, stores)
+}
 
-    // Runs hand themselves over on shutdown (they release their locks): wait for every one,
-    // including runs still acquiring or creating their Job, within the pod's grace period.
+/// Ready once every watch of every scope has its first list.
+async fn mark_synced(ctx: Arc<Context>, stores: Vec<Store<LockedJob>>) {
+    let jobs = futures::future::join_all(
+        ctx.job_caches
+            .iter()
+            .map(|(_, cache)| store_ready(|| cache.wait_until_ready())),
+    );
+    let lockedjobs =
+        futures::future::join_all(stores.iter().map(|s| store_ready(|| s.wait_until_ready())));
+    let (jobs, lockedjobs) = futures::future::join(jobs, lockedjobs).await;
+    if jobs.iter().chain(lockedjobs.iter()).all(|ready| *ready) {
+        ctx.health.set_synced();
+    }
+}
+
+/// Runs hand themselves over on shutdown (they release their locks): waits for every one,
+/// including runs still acquiring or creating their Job, within the pod's grace period.
+async fn hand_over(ctx: &Context) {
     ctx.tasks.close();
     if tokio::time::timeout(SHUTDOWN_WAIT, ctx.tasks.wait())
         .await
@@ -297,14 +336,6 @@ pub async fn run(args: OperatorArgs) -> i32 {
             "runs still busy at exit; their leases expire by themselves"
         );
     }
-    probe.abort();
-    signals.abort();
-    for watch in job_watches {
-        watch.abort();
-    }
-    health.abort();
-    tracing::info!("lockedjob operator stopped");
-    0
 }
 
 /// Waits until a store has had its first list (false: its writer is gone). kube-runtime's
