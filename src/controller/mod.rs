@@ -7,6 +7,8 @@ mod events;
 mod health;
 pub mod jobs;
 mod reconcile;
+#[cfg(test)]
+mod reconcile_tests;
 mod run;
 mod runs;
 pub mod status;

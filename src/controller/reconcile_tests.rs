@@ -1,0 +1,289 @@
+//! `reconcile` against a scripted API server (`tower_test::mock::pair`, as controller-rs's
+//! fixtures do) and an engine whose Redis nodes do not answer. Each test answers the requests
+//! the operator makes, records them, and checks what was asked: milliseconds, beside the
+//! end-to-end suites on the real control plane.
+
+use super::health::Health;
+use super::reconcile::reconcile;
+use super::runs::Runs;
+use super::{Context, MAX_LOCK_ATTEMPTS_IN_FLIGHT};
+use crate::api::LockedJob;
+use crate::metrics::Metrics;
+use crate::redlock::{Redlock, RedlockConfig};
+use http::{Request, Response};
+use k8s_openapi::api::batch::v1::Job;
+use kube::client::Body;
+use kube::runtime::controller::Action;
+use kube::runtime::{reflector, watcher};
+use serde_json::{json, Value};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+/// One request the operator made.
+#[derive(Debug, Clone)]
+struct Seen {
+    method: String,
+    path: String,
+    body: Value,
+}
+
+type Answer = Box<dyn Fn(&Seen) -> (u16, Value) + Send>;
+
+/// A scripted API server: answers each request with `answer`, and records it.
+fn api_server(answer: Answer) -> (kube::Client, Arc<Mutex<Vec<Seen>>>) {
+    let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let record = Arc::clone(&seen);
+    tokio::spawn(async move {
+        while let Some((request, reply)) = handle.next_request().await {
+            let method = request.method().to_string();
+            let path = request.uri().path().to_string();
+            let bytes = request
+                .into_body()
+                .collect_bytes()
+                .await
+                .unwrap_or_default();
+            let body = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+            let seen = Seen { method, path, body };
+            let (status, reply_body) = answer(&seen);
+            if let Ok(mut all) = record.lock() {
+                all.push(seen);
+            }
+            let response = Response::builder().status(status).body(Body::from(
+                serde_json::to_vec(&reply_body).unwrap_or_default(),
+            ));
+            if let Ok(response) = response {
+                reply.send_response(response);
+            }
+        }
+    });
+    (kube::Client::new(service, "team-a"), seen)
+}
+
+/// Requests so far, once the runs and Events the reconcile started have ended.
+async fn requests(ctx: &Context, seen: &Arc<Mutex<Vec<Seen>>>) -> Vec<Seen> {
+    ctx.tasks.close();
+    let _ = tokio::time::timeout(Duration::from_secs(5), ctx.tasks.wait()).await;
+    seen.lock().map(|s| s.clone()).unwrap_or_default()
+}
+
+/// A context on the mocked API server, with `jobs` in its Job cache and three Redis nodes
+/// that refuse every connection.
+fn context(client: kube::Client, jobs: Vec<Job>) -> Arc<Context> {
+    let mut config =
+        RedlockConfig::new((1..=3).map(|i| format!("redis://127.0.0.1:{i}")).collect());
+    config.request_timeout = Duration::from_millis(20);
+    config.connect_timeout = Duration::from_millis(20);
+    config.holder = "test/r0".into();
+    let metrics = Metrics::new();
+    let engine = Redlock::with_metrics(config, metrics.clone()).expect("engine config");
+    let (cache, mut writer) = reflector::store();
+    for job in jobs {
+        writer.apply_watcher_event(&watcher::Event::InitApply(job));
+    }
+    writer.apply_watcher_event(&watcher::Event::InitDone);
+    let health = Health::default();
+    health.set_reachable(3);
+    Arc::new(Context {
+        client,
+        engine,
+        cluster_id: "test".into(),
+        holder: "test/r0".into(),
+        runs: Runs::default(),
+        health,
+        shutdown: CancellationToken::new(),
+        job_caches: vec![(None, cache)],
+        lock_attempts: tokio::sync::Semaphore::new(MAX_LOCK_ATTEMPTS_IN_FLIGHT),
+        tasks: TaskTracker::new(),
+        metrics,
+    })
+}
+
+/// A LockedJob every second (always due), with the finalizer, `extra` merged in.
+fn locked_job(extra: Value) -> LockedJob {
+    let mut value = json!({
+        "apiVersion": "lockedjob.dev/v1alpha1", "kind": "LockedJob",
+        "metadata": {"name": "report", "namespace": "team-a", "uid": "u-1", "generation": 1,
+            "resourceVersion": "7", "creationTimestamp": "2026-01-01T00:00:00Z",
+            "finalizers": ["lockedjob.dev/cleanup"]},
+        "spec": {"schedule": "* * * * * *", "successfulJobsHistoryLimit": 1,
+            "jobTemplate": {"spec": {"template": {"spec": {"restartPolicy": "Never",
+                "terminationGracePeriodSeconds": 5,
+                "containers": [{"name": "main", "image": "busybox"}]}}}}}
+    });
+    json_patch::merge(&mut value, &extra);
+    serde_json::from_value(value).expect("locked job")
+}
+
+/// A finished Job of `report` (for history cleanup).
+fn finished_job(minute: i64) -> Job {
+    serde_json::from_value(json!({
+        "metadata": {"name": format!("report-{minute}"), "namespace": "team-a",
+            "creationTimestamp": format!("2026-01-01T00:{minute:02}:00Z"),
+            "annotations": {"lockedjob.dev/scheduled-time": format!("2026-01-01T00:{minute:02}:00Z")},
+            "labels": {"lockedjob.dev/locked-job": "report"},
+            "ownerReferences": [{"apiVersion": "lockedjob.dev/v1alpha1", "kind": "LockedJob",
+                "name": "report", "uid": "u-1"}]},
+        "status": {"conditions": [{"type": "Complete", "status": "True"}]}
+    }))
+    .expect("job")
+}
+
+fn ok_with(object: &LockedJob) -> Answer {
+    let object = serde_json::to_value(object).expect("json");
+    Box::new(move |_| (200, object.clone()))
+}
+
+const LJ_PATH: &str = "/apis/lockedjob.dev/v1alpha1/namespaces/team-a/lockedjobs/report";
+
+#[tokio::test]
+async fn the_finalizer_is_added_before_anything_else() {
+    let lj = locked_job(json!({"metadata": {"finalizers": null}}));
+    let (client, seen) = api_server(ok_with(&lj));
+    let ctx = context(client, vec![]);
+    let action = reconcile(Arc::new(lj), Arc::clone(&ctx))
+        .await
+        .expect("reconcile");
+    assert_eq!(action, Action::await_change());
+    let requests = requests(&ctx, &seen).await;
+    assert_eq!(requests.len(), 1, "{requests:#?}");
+    let patch = &requests[0];
+    assert_eq!(
+        (patch.method.as_str(), patch.path.as_str()),
+        ("PATCH", LJ_PATH)
+    );
+    assert!(
+        patch.body.to_string().contains("lockedjob.dev/cleanup"),
+        "{patch:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_deleted_locked_job_loses_its_finalizer() {
+    let lj = locked_job(json!({"metadata": {"deletionTimestamp": "2026-01-01T00:10:00Z"}}));
+    let (client, seen) = api_server(ok_with(&lj));
+    let ctx = context(client, vec![]);
+    reconcile(Arc::new(lj), Arc::clone(&ctx))
+        .await
+        .expect("reconcile");
+    let requests = requests(&ctx, &seen).await;
+    assert_eq!(requests.len(), 1, "{requests:#?}");
+    assert_eq!(requests[0].method, "PATCH");
+    let body = requests[0].body.to_string();
+    assert!(
+        body.contains("remove") || !body.contains("cleanup"),
+        "{body}"
+    );
+}
+
+#[tokio::test]
+async fn an_invalid_spec_is_reported_once() {
+    let bad = locked_job(json!({"spec": {"schedule": "61 * * * *"}}));
+    let (client, seen) = api_server(ok_with(&bad));
+    let ctx = context(client, vec![]);
+    reconcile(Arc::new(bad.clone()), Arc::clone(&ctx))
+        .await
+        .expect("reconcile");
+    let first = requests(&ctx, &seen).await;
+    let status = first
+        .iter()
+        .find(|r| r.method == "PATCH" && r.path == format!("{LJ_PATH}/status"))
+        .expect("status written");
+    let conditions = status.body["status"]["conditions"].clone();
+    assert!(
+        conditions.to_string().contains("InvalidSpec"),
+        "{conditions}"
+    );
+    assert!(
+        first
+            .iter()
+            .any(|r| r.method == "POST" && r.path.ends_with("/events")),
+        "a Warning Event: {first:#?}"
+    );
+
+    // The status now shows it: the next reconcile writes nothing and publishes nothing.
+    let reported = locked_job(json!({"spec": {"schedule": "61 * * * *"},
+        "status": {"conditions": conditions, "observedGeneration": 1}}));
+    let (client, seen) = api_server(ok_with(&reported));
+    let ctx = context(client, vec![]);
+    reconcile(Arc::new(reported), Arc::clone(&ctx))
+        .await
+        .expect("reconcile");
+    let again = requests(&ctx, &seen).await;
+    assert!(again.is_empty(), "{again:#?}");
+}
+
+#[tokio::test]
+async fn finished_jobs_beyond_the_history_limit_are_deleted() {
+    let lj = locked_job(json!({"spec": {"suspend": true}}));
+    let (client, seen) = api_server(ok_with(&lj));
+    let jobs = (1..=3).map(finished_job).collect();
+    let ctx = context(client, jobs);
+    reconcile(Arc::new(lj), Arc::clone(&ctx))
+        .await
+        .expect("reconcile");
+    let deleted: Vec<String> = requests(&ctx, &seen)
+        .await
+        .into_iter()
+        .filter(|r| r.method == "DELETE")
+        .map(|r| r.path)
+        .collect();
+    let prefix = "/apis/batch/v1/namespaces/team-a/jobs/";
+    assert_eq!(
+        deleted,
+        [format!("{prefix}report-1"), format!("{prefix}report-2")],
+        "the oldest two of three, with a limit of one"
+    );
+}
+
+#[tokio::test]
+async fn a_conflicting_status_write_requeues_instead_of_failing() {
+    let lj = locked_job(json!({"spec": {"suspend": true}}));
+    let object = serde_json::to_value(&lj).expect("json");
+    let conflict = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+        "message": "the object has been modified", "reason": "Conflict", "code": 409});
+    let (client, seen) = api_server(Box::new(move |r| {
+        if r.path.ends_with("/status") {
+            (409, conflict.clone())
+        } else {
+            (200, object.clone())
+        }
+    }));
+    let ctx = context(client, vec![]);
+    let action = reconcile(Arc::new(lj), Arc::clone(&ctx))
+        .await
+        .expect("not an error");
+    assert_ne!(action, Action::await_change());
+    let requests = requests(&ctx, &seen).await;
+    assert_eq!(requests.len(), 1, "{requests:#?}");
+    assert_eq!(
+        requests[0].body["metadata"]["resourceVersion"], "7",
+        "guarded by the version this reconcile saw"
+    );
+}
+
+#[tokio::test]
+async fn a_due_time_whose_lock_is_refused_creates_nothing() {
+    let lj = locked_job(json!({"spec": {"startingDeadlineSeconds": 10}}));
+    let (client, seen) = api_server(ok_with(&lj));
+    let ctx = context(client, vec![]);
+    reconcile(Arc::new(lj), Arc::clone(&ctx))
+        .await
+        .expect("reconcile");
+    let requests = requests(&ctx, &seen).await;
+    assert!(
+        !requests.iter().any(|r| r.path.contains("/jobs")),
+        "no Job without the lock: {requests:#?}"
+    );
+    assert!(
+        !requests.iter().any(|r| r.path.ends_with("/events")),
+        "no Acquired or Created Event: {requests:#?}"
+    );
+    let text = ctx.metrics.render();
+    assert!(
+        text.contains("lockedjob_lock_acquisitions_total{outcome=\"Failed\"} 1"),
+        "one attempt, refused: {text}"
+    );
+}
