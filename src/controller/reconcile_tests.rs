@@ -136,18 +136,29 @@ fn ok_with(object: &LockedJob) -> Answer {
     Box::new(move |_| (200, object.clone()))
 }
 
+/// One reconcile of `lj` against an API server answering with `answer`, with `jobs` cached;
+/// its result, the requests it made (runs and Events included), and its context.
+async fn reconcile_once(
+    lj: LockedJob,
+    answer: Answer,
+    jobs: Vec<Job>,
+) -> (Result<Action, super::Error>, Vec<Seen>, Arc<Context>) {
+    let (client, seen) = api_server(answer);
+    let ctx = context(client, jobs);
+    let result = reconcile(Arc::new(lj), Arc::clone(&ctx)).await;
+    let requests = requests(&ctx, &seen).await;
+    (result, requests, ctx)
+}
+
 const LJ_PATH: &str = "/apis/lockedjob.dev/v1alpha1/namespaces/team-a/lockedjobs/report";
 
 #[tokio::test]
 async fn the_finalizer_is_added_before_anything_else() {
     let lj = locked_job(json!({"metadata": {"finalizers": null}}));
-    let (client, seen) = api_server(ok_with(&lj));
-    let ctx = context(client, vec![]);
-    let action = reconcile(Arc::new(lj), Arc::clone(&ctx))
-        .await
-        .expect("reconcile");
+    let answer = ok_with(&lj);
+    let (result, requests, _ctx) = reconcile_once(lj, answer, vec![]).await;
+    let action = result.expect("reconcile");
     assert_eq!(action, Action::await_change());
-    let requests = requests(&ctx, &seen).await;
     assert_eq!(requests.len(), 1, "{requests:#?}");
     let patch = &requests[0];
     assert_eq!(
@@ -163,12 +174,9 @@ async fn the_finalizer_is_added_before_anything_else() {
 #[tokio::test]
 async fn a_deleted_locked_job_loses_its_finalizer() {
     let lj = locked_job(json!({"metadata": {"deletionTimestamp": "2026-01-01T00:10:00Z"}}));
-    let (client, seen) = api_server(ok_with(&lj));
-    let ctx = context(client, vec![]);
-    reconcile(Arc::new(lj), Arc::clone(&ctx))
-        .await
-        .expect("reconcile");
-    let requests = requests(&ctx, &seen).await;
+    let answer = ok_with(&lj);
+    let (result, requests, _ctx) = reconcile_once(lj, answer, vec![]).await;
+    result.expect("reconcile");
     assert_eq!(requests.len(), 1, "{requests:#?}");
     assert_eq!(requests[0].method, "PATCH");
     let body = requests[0].body.to_string();
@@ -181,12 +189,9 @@ async fn a_deleted_locked_job_loses_its_finalizer() {
 #[tokio::test]
 async fn an_invalid_spec_is_reported_once() {
     let bad = locked_job(json!({"spec": {"schedule": "61 * * * *"}}));
-    let (client, seen) = api_server(ok_with(&bad));
-    let ctx = context(client, vec![]);
-    reconcile(Arc::new(bad.clone()), Arc::clone(&ctx))
-        .await
-        .expect("reconcile");
-    let first = requests(&ctx, &seen).await;
+    let answer = ok_with(&bad);
+    let (result, first, _ctx) = reconcile_once(bad, answer, vec![]).await;
+    result.expect("reconcile");
     let status = first
         .iter()
         .find(|r| r.method == "PATCH" && r.path == format!("{LJ_PATH}/status"))
@@ -206,26 +211,20 @@ async fn an_invalid_spec_is_reported_once() {
     // The status now shows it: the next reconcile writes nothing and publishes nothing.
     let reported = locked_job(json!({"spec": {"schedule": "61 * * * *"},
         "status": {"conditions": conditions, "observedGeneration": 1}}));
-    let (client, seen) = api_server(ok_with(&reported));
-    let ctx = context(client, vec![]);
-    reconcile(Arc::new(reported), Arc::clone(&ctx))
-        .await
-        .expect("reconcile");
-    let again = requests(&ctx, &seen).await;
+    let answer = ok_with(&reported);
+    let (result, again, _ctx) = reconcile_once(reported, answer, vec![]).await;
+    result.expect("reconcile");
     assert!(again.is_empty(), "{again:#?}");
 }
 
 #[tokio::test]
 async fn finished_jobs_beyond_the_history_limit_are_deleted() {
     let lj = locked_job(json!({"spec": {"suspend": true}}));
-    let (client, seen) = api_server(ok_with(&lj));
+    let answer = ok_with(&lj);
     let jobs = (1..=3).map(finished_job).collect();
-    let ctx = context(client, jobs);
-    reconcile(Arc::new(lj), Arc::clone(&ctx))
-        .await
-        .expect("reconcile");
-    let deleted: Vec<String> = requests(&ctx, &seen)
-        .await
+    let (result, requests, _ctx) = reconcile_once(lj, answer, jobs).await;
+    result.expect("reconcile");
+    let deleted: Vec<String> = requests
         .into_iter()
         .filter(|r| r.method == "DELETE")
         .map(|r| r.path)
@@ -244,19 +243,20 @@ async fn a_conflicting_status_write_requeues_instead_of_failing() {
     let object = serde_json::to_value(&lj).expect("json");
     let conflict = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
         "message": "the object has been modified", "reason": "Conflict", "code": 409});
-    let (client, seen) = api_server(Box::new(move |r| {
-        if r.path.ends_with("/status") {
-            (409, conflict.clone())
-        } else {
-            (200, object.clone())
-        }
-    }));
-    let ctx = context(client, vec![]);
-    let action = reconcile(Arc::new(lj), Arc::clone(&ctx))
-        .await
-        .expect("not an error");
+    let (result, requests, _ctx) = reconcile_once(
+        lj,
+        Box::new(move |r| {
+            if r.path.ends_with("/status") {
+                (409, conflict.clone())
+            } else {
+                (200, object.clone())
+            }
+        }),
+        vec![],
+    )
+    .await;
+    let action = result.expect("not an error");
     assert_ne!(action, Action::await_change());
-    let requests = requests(&ctx, &seen).await;
     assert_eq!(requests.len(), 1, "{requests:#?}");
     assert_eq!(
         requests[0].body["metadata"]["resourceVersion"], "7",
@@ -267,12 +267,9 @@ async fn a_conflicting_status_write_requeues_instead_of_failing() {
 #[tokio::test]
 async fn a_due_time_whose_lock_is_refused_creates_nothing() {
     let lj = locked_job(json!({"spec": {"startingDeadlineSeconds": 10}}));
-    let (client, seen) = api_server(ok_with(&lj));
-    let ctx = context(client, vec![]);
-    reconcile(Arc::new(lj), Arc::clone(&ctx))
-        .await
-        .expect("reconcile");
-    let requests = requests(&ctx, &seen).await;
+    let answer = ok_with(&lj);
+    let (result, requests, ctx) = reconcile_once(lj, answer, vec![]).await;
+    result.expect("reconcile");
     assert!(
         !requests.iter().any(|r| r.path.contains("/jobs")),
         "no Job without the lock: {requests:#?}"
