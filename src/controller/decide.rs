@@ -3,7 +3,7 @@
 //! dead holder, which finished Jobs to delete, what status to write and when to look again.
 //! `reconcile.rs` gathers the inputs and carries the plan out.
 
-use super::jobs::{expired_history, job_state, scheduled_time, JobState};
+use super::jobs::{expired_history, is_running, scheduled_time};
 use super::status::{set_condition, ConditionUpdate};
 use crate::api::{conditions, describe, validate, LockedJob, ValidSpec, ANNOTATION_RUN_NOW};
 use crate::schedule::{next_action, parse_run_now, Decision, History, TOO_MANY_MISSED};
@@ -48,13 +48,20 @@ pub enum Plan {
     Valid(Box<ValidPlan>),
 }
 
+/// What the `lockedjob.dev/run-now` annotation asks for.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RunNow {
+    /// A run for this time.
+    Requested(Timestamp),
+    /// A value that is no time: reported, then cleared (`value` is what to clear).
+    Refused { value: String, message: String },
+}
+
 #[derive(Debug, Clone)]
 pub struct ValidPlan {
     pub valid: ValidSpec,
-    /// The run-now annotation: the time asked for, or why the value is refused.
-    pub run_now: Option<Result<Timestamp, String>>,
-    /// The value of the run-now annotation, to clear it when refused.
-    pub run_now_value: Option<String>,
+    /// The run-now annotation, when set.
+    pub run_now: Option<RunNow>,
     /// A scheduled run to start, with the active Jobs to stop first (Replace).
     pub start: Option<(Timestamp, Vec<String>)>,
     /// More than `TOO_MANY_MISSED` due times were missed (worth a Warning Event).
@@ -104,11 +111,7 @@ fn decide_invalid(lj: &LockedJob, now: Timestamp, message: String) -> Plan {
 }
 
 fn decide_valid(lj: &LockedJob, seen: &Observed, valid: ValidSpec) -> ValidPlan {
-    let active: Vec<&Job> = seen
-        .jobs
-        .iter()
-        .filter(|j| job_state(j) == JobState::Active && j.metadata.deletion_timestamp.is_none())
-        .collect();
+    let active: Vec<&Job> = seen.jobs.iter().filter(|j| is_running(j)).collect();
     let status = lj.status.clone().unwrap_or_default();
     let last = seen
         .jobs
@@ -143,14 +146,22 @@ fn decide_valid(lj: &LockedJob, seen: &Observed, valid: ValidSpec) -> ValidPlan 
         }
         Decision::Skip { next, .. } | Decision::Wait { next } => (None, false, next),
     };
-    let run_now_value = lj.annotations().get(ANNOTATION_RUN_NOW).cloned();
+    let run_now =
+        lj.annotations()
+            .get(ANNOTATION_RUN_NOW)
+            .map(|value| match parse_run_now(value) {
+                Ok(requested) => RunNow::Requested(requested),
+                Err(message) => RunNow::Refused {
+                    value: value.clone(),
+                    message,
+                },
+            });
     let mut requeue = until(next, seen.now);
     if !active.is_empty() {
         requeue = requeue.min(valid.timing.ttl / 2);
     }
     ValidPlan {
-        run_now: run_now_value.as_deref().map(parse_run_now),
-        run_now_value,
+        run_now,
         start,
         missed_too_many,
         delete: expired_history(
@@ -448,11 +459,18 @@ mod tests {
         let asked = locked_job(json!({"metadata": {"annotations": {
             "lockedjob.dev/run-now": "2026-01-01T10:05:20Z"}}}));
         let plan = valid(decide(&asked, &observed(at, vec![], 3)));
-        assert_eq!(plan.run_now, Some(Ok(ts("2026-01-01T10:05:20Z"))));
+        assert_eq!(
+            plan.run_now,
+            Some(RunNow::Requested(ts("2026-01-01T10:05:20Z")))
+        );
         let garbled = locked_job(json!({"metadata": {"annotations": {
             "lockedjob.dev/run-now": "now please"}}}));
         let plan = valid(decide(&garbled, &observed(at, vec![], 3)));
-        assert!(matches!(plan.run_now, Some(Err(ref m)) if m.contains("RFC 3339")));
-        assert_eq!(plan.run_now_value.as_deref(), Some("now please"));
+        assert!(
+            matches!(&plan.run_now, Some(RunNow::Refused { value, message })
+                if value == "now please" && message.contains("RFC 3339")),
+            "{:?}",
+            plan.run_now
+        );
     }
 }

@@ -102,6 +102,11 @@ pub fn job_state(job: &Job) -> JobState {
     }
 }
 
+/// Still running and not being deleted: a run in progress.
+pub fn is_running(job: &Job) -> bool {
+    job_state(job) == JobState::Active && job.metadata.deletion_timestamp.is_none()
+}
+
 /// The scheduled time a Job was created for, from its annotation; `None` for a manual run,
 /// which is no scheduled time.
 pub fn scheduled_time(job: &Job) -> Option<Timestamp> {

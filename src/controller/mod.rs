@@ -131,7 +131,7 @@ impl Context {
     ) -> Result<Vec<Arc<Job>>, Error> {
         let cache = self.job_cache(namespace).ok_or(Error::JobCacheGone)?;
         // Many reconciles wait on this cache at start-up: see `store_ready`.
-        if !store_ready(|| cache.wait_until_ready()).await {
+        if !store_ready(cache).await {
             return Err(Error::JobCacheGone);
         }
         Ok(cache
@@ -312,13 +312,9 @@ fn controllers(
 
 /// Ready once every watch of every scope has its first list.
 async fn mark_synced(ctx: Arc<Context>, stores: Vec<Store<LockedJob>>) {
-    let jobs = futures::future::join_all(
-        ctx.job_caches
-            .iter()
-            .map(|(_, cache)| store_ready(|| cache.wait_until_ready())),
-    );
-    let lockedjobs =
-        futures::future::join_all(stores.iter().map(|s| store_ready(|| s.wait_until_ready())));
+    let jobs =
+        futures::future::join_all(ctx.job_caches.iter().map(|(_, cache)| store_ready(cache)));
+    let lockedjobs = futures::future::join_all(stores.iter().map(store_ready));
     let (jobs, lockedjobs) = futures::future::join(jobs, lockedjobs).await;
     if jobs.iter().chain(lockedjobs.iter()).all(|ready| *ready) {
         ctx.health.set_synced();
@@ -345,13 +341,13 @@ async fn hand_over(ctx: &Context) {
 /// keeps one waker), and the Controller waits on its own store too: a waiter that polled first
 /// could sleep forever, leaving a replica unready (seen with the chart's pods). A fresh wait
 /// every interval sees the value the other waiter received.
-async fn store_ready<F, Fut>(mut wait: F) -> bool
+async fn store_ready<K>(store: &Store<K>) -> bool
 where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<(), reflector::store::WriterDropped>>,
+    K: kube::runtime::reflector::Lookup + Clone + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone,
 {
     loop {
-        if let Ok(result) = tokio::time::timeout(STORE_READY_POLL, wait()).await {
+        if let Ok(result) = tokio::time::timeout(STORE_READY_POLL, store.wait_until_ready()).await {
             return result.is_ok();
         }
     }
@@ -402,7 +398,7 @@ mod tests {
         let (store, mut writer) = reflector::store::<Job>();
         let ours = tokio::spawn({
             let store = store.clone();
-            async move { store_ready(|| store.wait_until_ready()).await }
+            async move { store_ready(&store).await }
         });
         tokio::time::sleep(Duration::from_millis(50)).await;
         let theirs = tokio::spawn({

@@ -2,9 +2,9 @@
 //! from the watch cache, the time, the Redis nodes answering), decide (`decide.rs`, pure) and
 //! act. Runs happen in tasks of their own: a reconcile never waits on a lock or a Job.
 
-use super::decide::{decide, Observed, Plan, StatusUpdate, ValidPlan};
+use super::decide::{decide, Observed, Plan, RunNow, StatusUpdate, ValidPlan};
 use super::events::{self, Reason};
-use super::jobs::LABEL_LOCKED_JOB;
+use super::jobs::{is_running, LABEL_LOCKED_JOB};
 use super::{run, Context, Error, FINALIZER};
 use crate::api::LockedJob;
 use crate::schedule::TOO_MANY_MISSED;
@@ -54,11 +54,7 @@ pub async fn reconcile(lj: Arc<LockedJob>, ctx: Arc<Context>) -> Result<Action, 
 async fn cleanup(lj: Arc<LockedJob>, ctx: Arc<Context>) -> Result<Action, Error> {
     let namespace = lj.namespace().ok_or(Error::NoNamespace)?;
     let seen = observe(&ctx, &lj, &namespace).await?;
-    let active: Vec<Job> = seen
-        .jobs
-        .into_iter()
-        .filter(|j| super::jobs::job_state(j) == super::jobs::JobState::Active)
-        .collect();
+    let active: Vec<Job> = seen.jobs.into_iter().filter(is_running).collect();
     run::stop_all(&ctx, &namespace, &active).await;
     tracing::info!("LockedJob deleted: its Jobs were stopped");
     Ok(Action::await_change())
@@ -79,7 +75,7 @@ async fn apply(lj: Arc<LockedJob>, ctx: Arc<Context>) -> Result<Action, Error> {
             }
             Ok(Action::await_change())
         }
-        Plan::Valid(plan) => act(&ctx, &lj, &namespace, *plan).await,
+        Plan::Valid(plan) => act(&ctx, &lj, &namespace, *plan, seen.jobs).await,
     }
 }
 
@@ -110,6 +106,7 @@ async fn act(
     lj: &Arc<LockedJob>,
     namespace: &str,
     plan: ValidPlan,
+    jobs: Vec<Job>,
 ) -> Result<Action, Error> {
     let spawn_run = |scheduled, kind| {
         let run = run::start(
@@ -121,16 +118,16 @@ async fn act(
         );
         ctx.tasks.spawn(run);
     };
-    match (&plan.run_now, &plan.run_now_value) {
-        (Some(Ok(requested)), _) => spawn_run(*requested, run::RunKind::Manual),
-        (Some(Err(message)), Some(value)) => {
+    match &plan.run_now {
+        Some(RunNow::Requested(requested)) => spawn_run(*requested, run::RunKind::Manual),
+        Some(RunNow::Refused { value, message }) => {
             tracing::warn!(%message, "invalid run-now request");
             events::publish(ctx, lj, Reason::InvalidRunNow, message.clone());
             run::clear_run_now(ctx, lj, value).await;
         }
-        _ => {}
+        None => {}
     }
-    check_orphans(ctx, lj, namespace, &plan);
+    check_orphans(ctx, lj, namespace, &plan, jobs);
     if let Some((scheduled, replace)) = &plan.start {
         if plan.missed_too_many {
             events::publish(ctx, lj, Reason::TooManyMissedTimes, format!(
@@ -159,23 +156,24 @@ async fn act(
 
 /// Active Jobs nobody here supervises may have lost their holder: check each at most once per
 /// renew interval (see `Runs::orphan_check_due`).
-fn check_orphans(ctx: &Arc<Context>, lj: &Arc<LockedJob>, namespace: &str, plan: &ValidPlan) {
+fn check_orphans(
+    ctx: &Arc<Context>,
+    lj: &Arc<LockedJob>,
+    namespace: &str,
+    plan: &ValidPlan,
+    jobs: Vec<Job>,
+) {
     let now = Instant::now();
     let every = plan.valid.timing.renew_interval;
-    for job_name in &plan.active {
-        let key = (namespace.to_string(), job_name.clone());
+    for job in jobs
+        .into_iter()
+        .filter(|j| plan.active.contains(&j.name_any()))
+    {
+        let key = (namespace.to_string(), job.name_any());
         if ctx.runs.is_supervised(&key) || !ctx.runs.orphan_check_due(&key, now, every) {
             continue;
         }
-        let Some(job) = ctx.cached_job(namespace, job_name) else {
-            continue;
-        };
-        let check = run::check_orphan(
-            Arc::clone(ctx),
-            Arc::clone(lj),
-            plan.valid.clone(),
-            Job::clone(&job),
-        );
+        let check = run::check_orphan(Arc::clone(ctx), Arc::clone(lj), plan.valid.clone(), job);
         ctx.tasks.spawn(check);
     }
 }

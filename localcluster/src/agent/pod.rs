@@ -200,7 +200,7 @@ pub(crate) async fn run(
             .chain(&main)
             .map(|c| (c.spec.name.clone(), c.log.clone())),
     );
-    let pod_ip_source = pod.clone();
+    let ip = super::pod_ip(&pod);
     let mut run = PodRun {
         shared,
         api: Api::namespaced(shared.client.clone(), &namespace),
@@ -214,7 +214,7 @@ pub(crate) async fn run(
         conditions: BTreeMap::new(),
         reported: None,
         volumes: BTreeMap::new(),
-        ip: super::pod_ip(&pod_ip_source),
+        ip,
     };
     let outcome = run.drive(&mut updates, &cancel).await;
     shared.logs.finished(&uid);
