@@ -53,41 +53,35 @@ async fn helm_cluster() -> &'static LocalCluster {
 /// helm and kubectl (built with the control plane), on one cluster, from the repository root,
 /// with helm's own state in a directory of the test's.
 struct Tools {
-    kubeconfig: PathBuf,
-    bin: PathBuf,
-    home: tempfile::TempDir,
+    cluster: &'static LocalCluster,
 }
 
 impl Tools {
-    fn new(cluster: &LocalCluster) -> Self {
-        let bins = localcluster::Binaries::locate().expect("control plane binaries");
-        Self {
-            kubeconfig: cluster.kubeconfig(),
-            bin: bins.dir().to_path_buf(),
-            home: tempfile::tempdir().expect("temp dir"),
-        }
+    fn new(cluster: &'static LocalCluster) -> Self {
+        Self { cluster }
     }
 
-    /// `program` from the binaries' directory when it is there (helm, kubectl), else PATH.
+    /// helm or kubectl as `LocalCluster::tool` sets them up; any other program (the shell
+    /// that runs the README's block) with the same environment and those two on PATH.
     fn command(&self, program: &str) -> Command {
-        let built = self.bin.join(program);
-        let mut command = Command::new(if built.is_file() {
-            built
+        let bin = self.cluster.bin_dir();
+        let mut command = if bin.join(program).is_file() {
+            self.cluster.tool(program)
         } else {
-            PathBuf::from(program)
-        });
+            let mut shell = Command::new(program);
+            for (key, value) in self.cluster.tool("kubectl").get_envs() {
+                if let Some(value) = value {
+                    shell.env(key, value);
+                }
+            }
+            shell
+        };
         let path = format!(
             "{}:{}",
-            self.bin.display(),
+            bin.display(),
             std::env::var("PATH").unwrap_or_default()
         );
-        command
-            .current_dir(repo("."))
-            .env("PATH", path)
-            .env("KUBECONFIG", &self.kubeconfig)
-            .env("HELM_CONFIG_HOME", self.home.path().join("config"))
-            .env("HELM_CACHE_HOME", self.home.path().join("cache"))
-            .env("HELM_DATA_HOME", self.home.path().join("data"));
+        command.current_dir(repo(".")).env("PATH", path);
         command
     }
 

@@ -4,17 +4,13 @@
 
 mod support;
 
+use localcluster::LocalCluster;
 use std::path::Path;
-use std::process::Command;
 use support::kubernetes::{client_for, create_namespace, delete_namespace, local_cluster};
 
-fn kubectl(kubeconfig: &Path, namespace: &str, args: &[&str]) -> (bool, String) {
-    let kubectl = localcluster::Binaries::locate()
-        .expect("the control plane's binaries")
-        .path("kubectl");
-    let out = Command::new(kubectl)
-        .arg("--kubeconfig")
-        .arg(kubeconfig)
+fn kubectl(cluster: &LocalCluster, namespace: &str, args: &[&str]) -> (bool, String) {
+    let out = cluster
+        .tool("kubectl")
         .args(["--namespace", namespace])
         .args(args)
         .current_dir(env!("CARGO_MANIFEST_DIR"))
@@ -35,13 +31,13 @@ async fn kubectl_applies_the_crd_and_examples_and_gets_them() {
     let client = client_for(&kubeconfig).await;
     let ns = create_namespace(&client, "kubectl").await;
     let (ok, text) = kubectl(
-        &kubeconfig,
+        cluster,
         &ns,
         &["apply", "-f", "crds/lockedjob.dev_lockedjobs.yaml"],
     );
     assert!(ok, "apply the CRD: {text}");
     let (ok, text) = kubectl(
-        &kubeconfig,
+        cluster,
         &ns,
         &[
             "wait",
@@ -63,7 +59,7 @@ async fn kubectl_applies_the_crd_and_examples_and_gets_them() {
             .dir()
             .join(format!("{ns}-{}", file.replace('/', "-")));
         std::fs::write(&path, manifest).expect("write manifest");
-        kubectl(&kubeconfig, &ns, &["apply", "-f", &path.to_string_lossy()])
+        kubectl(cluster, &ns, &["apply", "-f", &path.to_string_lossy()])
     };
     for file in [
         "examples/nightly-report.yaml",
@@ -75,7 +71,7 @@ async fn kubectl_applies_the_crd_and_examples_and_gets_them() {
         let (ok, text) = apply(file);
         assert!(ok, "kubectl apply {file}: {text}");
     }
-    let (ok, text) = kubectl(&kubeconfig, &ns, &["get", "lj"]);
+    let (ok, text) = kubectl(cluster, &ns, &["get", "lj"]);
     assert!(ok, "{text}");
     for expected in [
         "nightly-report",
@@ -86,10 +82,10 @@ async fn kubectl_applies_the_crd_and_examples_and_gets_them() {
     ] {
         assert!(text.contains(expected), "missing {expected:?} in:\n{text}");
     }
-    let (ok, text) = kubectl(&kubeconfig, &ns, &["get", "jobs"]);
+    let (ok, text) = kubectl(cluster, &ns, &["get", "jobs"]);
     assert!(ok, "{text}");
     let (ok, text) = kubectl(
-        &kubeconfig,
+        cluster,
         &ns,
         &[
             "get",

@@ -66,6 +66,8 @@ pub struct LocalCluster {
     version: String,
     requests: mpsc::UnboundedSender<Request>,
     path: PathBuf,
+    /// Where kubectl and helm (built with the control plane) are.
+    bin_dir: PathBuf,
     /// Taken by the first shutdown (a `Mutex` so a shared `&'static` cluster can be stopped at
     /// exit); the directory is removed after the thread stopped every process.
     owned: Mutex<Option<(std::thread::JoinHandle<()>, Dir)>>,
@@ -251,6 +253,7 @@ impl LocalCluster {
         let tokens = path.join("tokens.csv");
         std::fs::write(&tokens, format!("{token},admin,admin,system:masters\n"))
             .map_err(|e| Error::io("write the token file", e))?;
+        let bin_dir = bins.dir().to_path_buf();
         let layout = Layout {
             bins,
             etcd_client_port: port()?,
@@ -296,6 +299,7 @@ impl LocalCluster {
             version,
             requests,
             path: dir.path().to_path_buf(),
+            bin_dir,
             owned: Mutex::new(Some((thread, dir))),
         })
     }
@@ -311,6 +315,24 @@ impl LocalCluster {
     /// The admin kubeconfig (`system:masters`).
     pub fn kubeconfig(&self) -> PathBuf {
         self.dir().join("kubeconfig")
+    }
+
+    /// The directory of kubectl and helm, built with the control plane.
+    pub fn bin_dir(&self) -> &Path {
+        &self.bin_dir
+    }
+
+    /// `kubectl` or `helm` (the ones built with the control plane) on this cluster as its
+    /// admin, with helm's configuration, cache and data in the cluster's directory.
+    pub fn tool(&self, program: &str) -> std::process::Command {
+        let mut command = std::process::Command::new(self.bin_dir.join(program));
+        let helm = self.dir().join("helm");
+        command
+            .env("KUBECONFIG", self.kubeconfig())
+            .env("HELM_CONFIG_HOME", helm.join("config"))
+            .env("HELM_CACHE_HOME", helm.join("cache"))
+            .env("HELM_DATA_HOME", helm.join("data"));
+        command
     }
 
     pub fn ca_cert(&self) -> PathBuf {

@@ -18,7 +18,7 @@ use lockedjob::lab::harness::{Persistence, RedisNodes};
 use serde_json::json;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Command, ExitCode};
+use std::process::ExitCode;
 use std::time::{Duration, Instant};
 use verdict::Run;
 
@@ -44,14 +44,12 @@ struct Side {
 }
 
 impl Side {
-    fn tool(&self, bins: &Binaries, program: &str, args: &[&str]) -> Result<String, String> {
-        let out = Command::new(bins.path(program))
+    fn tool(&self, program: &str, args: &[&str]) -> Result<String, String> {
+        let out = self
+            .cluster
+            .tool(program)
             .args(args)
             .current_dir(repo("."))
-            .env("KUBECONFIG", self.cluster.kubeconfig())
-            .env("HELM_CONFIG_HOME", self.cluster.dir().join("helm/config"))
-            .env("HELM_CACHE_HOME", self.cluster.dir().join("helm/cache"))
-            .env("HELM_DATA_HOME", self.cluster.dir().join("helm/data"))
             .output()
             .map_err(|e| format!("run {program}: {e}"))?;
         let text = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -124,8 +122,8 @@ async fn run(length: Duration) -> Result<bool, String> {
     say("starting two local clusters, east and west (etcd, kube-apiserver, kube-controller-manager, kube-scheduler, node agent)");
     let started = Instant::now();
     let (east, west) = tokio::join!(
-        start_side("east", &lockedjob),
-        start_side("west", &lockedjob)
+        start_side("east", &lockedjob, &bins),
+        start_side("west", &lockedjob, &bins)
     );
     let sides = [east?, west?];
     say(format!(
@@ -139,9 +137,8 @@ async fn run(length: Duration) -> Result<bool, String> {
             "{}: helm install locks (3 replicas, cluster id {})",
             side.id, side.id
         ));
-        side.tool(&bins, "kubectl", &["create", "namespace", "lockedjob"])?;
+        side.tool("kubectl", &["create", "namespace", "lockedjob"])?;
         side.tool(
-            &bins,
             "kubectl",
             &[
                 "create",
@@ -154,7 +151,6 @@ async fn run(length: Duration) -> Result<bool, String> {
             ],
         )?;
         side.tool(
-            &bins,
             "helm",
             &[
                 "install",
@@ -243,18 +239,16 @@ async fn run(length: Duration) -> Result<bool, String> {
     }
     for side in &sides {
         println!("\n$ kubectl get lj -n {NAMESPACE}   # {}", side.id);
-        print!(
-            "{}",
-            side.tool(&bins, "kubectl", &["get", "lj", "-n", NAMESPACE])?
-        );
+        print!("{}", side.tool("kubectl", &["get", "lj", "-n", NAMESPACE])?);
     }
     let verdict = verdict::judge(&runs, PERIOD_SECONDS);
     println!("\n{verdict}");
     Ok(verdict.ok())
 }
 
-async fn start_side(id: &'static str, lockedjob: &Path) -> Result<Side, String> {
+async fn start_side(id: &'static str, lockedjob: &Path, bins: &Binaries) -> Result<Side, String> {
     let options = Options {
+        binaries: Some(bins.clone()),
         images: BTreeMap::from([(IMAGE.to_string(), lockedjob.to_path_buf())]),
         ..Options::named(id)
     };
