@@ -2,9 +2,10 @@
 //! configuration. Every option can also come from the environment, so the chart can set it.
 
 use crate::redlock::{
-    Credentials, RedlockConfig, DEFAULT_CONNECT_TIMEOUT, DEFAULT_DRIFT_FACTOR, DEFAULT_KEY_PREFIX,
-    DEFAULT_REQUEST_TIMEOUT,
+    Credentials, RedlockConfig, TlsFiles, DEFAULT_CONNECT_TIMEOUT, DEFAULT_DRIFT_FACTOR,
+    DEFAULT_KEY_PREFIX, DEFAULT_REQUEST_TIMEOUT,
 };
+use std::path::PathBuf;
 use std::time::Duration;
 
 /// Parses `30s`, `500ms`, `1m30s`, or a bare number of seconds.
@@ -37,6 +38,15 @@ pub struct RedisOptions {
     /// Redis password for every node (overrides any password in the URLs). Prefer the env var.
     #[arg(long, env = "LOCKEDJOB_REDIS_PASSWORD", hide_env_values = true)]
     pub redis_password: Option<String>,
+    /// PEM CA bundle that verifies rediss:// nodes (default: the system trust store).
+    #[arg(long, env = "LOCKEDJOB_REDIS_CA_FILE")]
+    pub redis_ca_file: Option<PathBuf>,
+    /// PEM client certificate for nodes that require mutual TLS (with --redis-key-file).
+    #[arg(long, env = "LOCKEDJOB_REDIS_CERT_FILE", requires = "redis_key_file")]
+    pub redis_cert_file: Option<PathBuf>,
+    /// PEM private key of --redis-cert-file.
+    #[arg(long, env = "LOCKEDJOB_REDIS_KEY_FILE", requires = "redis_cert_file")]
+    pub redis_key_file: Option<PathBuf>,
     /// Bound on each request to one node; a dead or hung node costs this much.
     #[arg(long, env = "LOCKEDJOB_REQUEST_TIMEOUT", default_value = "50ms", value_parser = parse_duration)]
     pub request_timeout: Duration,
@@ -74,6 +84,13 @@ impl RedisOptions {
             username: self.redis_username.clone().filter(|s| !s.is_empty()),
             password: self.redis_password.clone().filter(|s| !s.is_empty()),
         };
+        // An empty env var (a chart value left blank) means "not set".
+        let given = |path: &Option<PathBuf>| path.clone().filter(|p| !p.as_os_str().is_empty());
+        config.tls = TlsFiles {
+            ca_file: given(&self.redis_ca_file),
+            cert_file: given(&self.redis_cert_file),
+            key_file: given(&self.redis_key_file),
+        };
         config.request_timeout = self.request_timeout;
         config.connect_timeout = self.connect_timeout;
         config.drift_factor = self.drift_factor;
@@ -89,6 +106,9 @@ impl Default for RedisOptions {
             urls: Vec::new(),
             redis_username: None,
             redis_password: None,
+            redis_ca_file: None,
+            redis_cert_file: None,
+            redis_key_file: None,
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             drift_factor: DEFAULT_DRIFT_FACTOR,

@@ -3,6 +3,7 @@
 
 use super::error::ConfigError;
 use super::timing::drift_allowance;
+use super::tls::TlsFiles;
 use redis::{ConnectionAddr, IntoConnectionInfo};
 use std::time::Duration;
 
@@ -26,6 +27,8 @@ pub struct RedlockConfig {
     /// One URL per independent Redis node: `redis://[user:pass@]host:port[/db]` or `rediss://`.
     pub nodes: Vec<String>,
     pub credentials: Credentials,
+    /// CA bundle and client certificate for `rediss://` nodes.
+    pub tls: TlsFiles,
     /// Bound on each request to one node. A dead or hung node costs this much, never more.
     pub request_timeout: Duration,
     /// Bound on establishing a connection; it runs in the background, so a slow handshake
@@ -49,6 +52,7 @@ impl RedlockConfig {
         Self {
             nodes,
             credentials: Credentials::default(),
+            tls: TlsFiles::default(),
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             drift_factor: DEFAULT_DRIFT_FACTOR,
@@ -74,11 +78,22 @@ impl RedlockConfig {
         if self.key_prefix.is_empty() || self.key_prefix.chars().any(char::is_whitespace) {
             return Err(ConfigError::BadPrefix(self.key_prefix.clone()));
         }
+        let tls = if self.tls.is_empty() {
+            None
+        } else {
+            Some(self.tls.load()?)
+        };
         let mut parsed: Vec<ParsedNode> = Vec::with_capacity(self.nodes.len());
         for url in &self.nodes {
-            let node = parse_node(url, &self.credentials)?;
+            let mut node = parse_node(url, &self.credentials)?;
             if parsed.iter().any(|p| p.label == node.label) {
                 return Err(ConfigError::DuplicateNode { node: node.label });
+            }
+            if let Some(certificates) = &tls {
+                if !node.label.starts_with("rediss://") {
+                    return Err(ConfigError::TlsFilesWithPlainNode { node: node.label });
+                }
+                node.tls = Some(certificates.clone());
             }
             parsed.push(node);
         }
@@ -123,6 +138,8 @@ pub(crate) struct ParsedNode {
     /// Address without credentials, safe to log.
     pub label: String,
     pub info: redis::ConnectionInfo,
+    /// CA and client certificate, when given; else the system trust store verifies the node.
+    pub tls: Option<redis::TlsCertificates>,
 }
 
 fn parse_node(url: &str, credentials: &Credentials) -> Result<ParsedNode, ConfigError> {
@@ -138,6 +155,9 @@ fn parse_node(url: &str, credentials: &Credentials) -> Result<ParsedNode, Config
         .map_err(|e| bad(&e.to_string()))?;
     let (scheme, host, port) = match info.addr() {
         ConnectionAddr::Tcp(host, port) => ("redis", host.clone(), *port),
+        ConnectionAddr::TcpTls { insecure: true, .. } => {
+            return Err(bad("certificate verification cannot be turned off (#insecure): a node anyone can impersonate could grant the lock to two runners; give the node's CA with --redis-ca-file or LOCKEDJOB_REDIS_CA_FILE"));
+        }
         ConnectionAddr::TcpTls { host, port, .. } => ("rediss", host.clone(), *port),
         _ => return Err(bad("only TCP addresses are supported")),
     };
@@ -155,6 +175,7 @@ fn parse_node(url: &str, credentials: &Credentials) -> Result<ParsedNode, Config
     Ok(ParsedNode {
         label,
         info: info.set_redis_settings(settings),
+        tls: None,
     })
 }
 

@@ -18,6 +18,8 @@ pub enum NodeErrorKind {
     WrongValue,
     /// The node is loading its dataset after a restart.
     Loading,
+    /// The TLS handshake failed: what failed and what to change.
+    Tls(String),
     /// Anything else the node or the connection reported.
     Other(String),
 }
@@ -31,6 +33,7 @@ impl fmt::Display for NodeErrorKind {
             Self::NoScript => f.write_str("script missing (NOSCRIPT) after reload"),
             Self::WrongValue => f.write_str("lock held by another value"),
             Self::Loading => f.write_str("node is loading its dataset"),
+            Self::Tls(message) => f.write_str(message),
             Self::Other(message) => f.write_str(message),
         }
     }
@@ -42,6 +45,9 @@ impl NodeErrorKind {
         use redis::{ErrorKind, ServerErrorKind};
         if err.is_timeout() {
             return Self::Timeout;
+        }
+        if let Some(tls) = super::tls::tls_cause(err) {
+            return Self::Tls(super::tls::describe(tls));
         }
         if err.is_connection_refusal() || err.is_connection_dropped() {
             return Self::Refused;
@@ -127,6 +133,16 @@ pub enum ConfigError {
     EmptyLockName,
     #[error("key prefix must not be empty or contain whitespace: {0:?}")]
     BadPrefix(String),
+    #[error("TLS {what} {path:?} cannot be used: {reason}")]
+    TlsFile {
+        what: &'static str,
+        path: String,
+        reason: String,
+    },
+    #[error("a client certificate and its key go together: give both --redis-cert-file and --redis-key-file (LOCKEDJOB_REDIS_CERT_FILE, LOCKEDJOB_REDIS_KEY_FILE), or neither")]
+    ClientCertWithoutKey,
+    #[error("TLS files are given but Redis node {node} is plain redis://, which would send the lock traffic unencrypted: use rediss:// for every node")]
+    TlsFilesWithPlainNode { node: String },
 }
 
 /// Why an acquire, extend or release did not succeed.

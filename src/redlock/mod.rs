@@ -8,6 +8,7 @@ mod lease;
 mod node;
 mod scripts;
 pub mod timing;
+mod tls;
 mod watchdog;
 
 pub use config::{
@@ -18,4 +19,5 @@ pub use config::{
 pub use engine::Redlock;
 pub use error::{ConfigError, LockError, NodeErrorKind, NodeFailure};
 pub use lease::Lease;
+pub use tls::TlsFiles;
 pub use watchdog::{LeaseStatus, Watchdog, WatchdogEnd};

@@ -56,7 +56,10 @@ impl Node {
     ) -> Result<Self, redis::RedisError> {
         Ok(Self {
             label: parsed.label,
-            client: Client::open(parsed.info)?,
+            client: match parsed.tls {
+                Some(certificates) => Client::build_with_tls(parsed.info, certificates)?,
+                None => Client::open(parsed.info)?,
+            },
             slot: Arc::new(Mutex::new(SlotState {
                 slot: Slot::Empty,
                 next_generation: 0,

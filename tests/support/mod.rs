@@ -4,9 +4,12 @@
 //! here are the panicking shorthands a test wants for its checks.
 #![allow(dead_code, unused_imports)]
 
-pub use lockedjob::lab::harness::{FaultProxy, Persistence, ProxyMode, RedisNode, RedisNodes};
+pub use lockedjob::lab::harness::{
+    FaultProxy, NodeTls, Persistence, ProxyMode, RedisNode, RedisNodes,
+};
 
 pub mod kubernetes;
+pub mod pki;
 
 /// Checks on a node's data that fail the test, with context, when the node cannot answer.
 pub trait NodeChecks {

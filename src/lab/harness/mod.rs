@@ -7,7 +7,7 @@ mod nodes;
 mod proxy;
 
 pub use clock::{SkewedClock, SKEW_FILE_ENV};
-pub use nodes::{Persistence, RedisNode, RedisNodes};
+pub use nodes::{NodeTls, Persistence, RedisNode, RedisNodes};
 pub use proxy::{FaultProxy, ProxyMode};
 
 /// What went wrong starting or breaking a part, and what to do about it.

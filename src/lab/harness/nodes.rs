@@ -18,6 +18,21 @@ pub enum Persistence {
     None,
 }
 
+/// A node that serves TLS only (its plaintext port off), from PEM files the caller made.
+#[derive(Debug, Clone)]
+pub struct NodeTls {
+    pub cert_file: PathBuf,
+    pub key_file: PathBuf,
+    /// Verifies client certificates, and is what the harness's own checks trust.
+    pub ca_file: PathBuf,
+    /// `tls-auth-clients yes`: a client without a certificate the CA signed is refused.
+    pub require_client_cert: bool,
+    /// Certificate and key the harness's own checks present (needed with client certificates).
+    pub client: Option<(PathBuf, PathBuf)>,
+    /// Host in the node's URL: one the certificate names (the server binds 127.0.0.1).
+    pub host: String,
+}
+
 pub struct RedisNode {
     port: u16,
     dir: tempfile::TempDir,
@@ -26,6 +41,7 @@ pub struct RedisNode {
     paused: bool,
     /// Set for nodes whose wall clock can be moved at run time.
     clock: Option<SkewedClock>,
+    tls: Option<NodeTls>,
 }
 
 fn redis_server() -> Result<&'static Path, HarnessError> {
@@ -38,15 +54,24 @@ fn redis_server() -> Result<&'static Path, HarnessError> {
 
 impl RedisNode {
     pub fn start(persistence: Persistence) -> Result<Self, HarnessError> {
-        Self::start_inner(persistence, false)
+        Self::start_inner(persistence, false, None)
+    }
+
+    /// A node that speaks TLS only.
+    pub fn start_tls(persistence: Persistence, tls: NodeTls) -> Result<Self, HarnessError> {
+        Self::start_inner(persistence, false, Some(tls))
     }
 
     /// A node whose wall clock can be moved at run time with [`RedisNode::shift_clock`].
     pub fn start_with_skewable_clock(persistence: Persistence) -> Result<Self, HarnessError> {
-        Self::start_inner(persistence, true)
+        Self::start_inner(persistence, true, None)
     }
 
-    fn start_inner(persistence: Persistence, skewable: bool) -> Result<Self, HarnessError> {
+    fn start_inner(
+        persistence: Persistence,
+        skewable: bool,
+        tls: Option<NodeTls>,
+    ) -> Result<Self, HarnessError> {
         let dir = tempfile::Builder::new()
             .prefix("lockedjob-redis-")
             .tempdir()
@@ -63,6 +88,7 @@ impl RedisNode {
             child: None,
             paused: false,
             clock,
+            tls,
         };
         for _ in 0..10 {
             node.port = free_port()?;
@@ -77,9 +103,24 @@ impl RedisNode {
     /// port was taken meanwhile, say).
     fn spawn(&mut self) -> Result<bool, HarnessError> {
         let mut cmd = Command::new(redis_server()?);
-        cmd.arg("--port")
-            .arg(self.port.to_string())
-            .args(["--bind", "127.0.0.1", "--protected-mode", "no"])
+        match &self.tls {
+            None => {
+                cmd.arg("--port").arg(self.port.to_string());
+            }
+            Some(tls) => {
+                cmd.args(["--port", "0", "--tls-port"])
+                    .arg(self.port.to_string())
+                    .arg("--tls-cert-file")
+                    .arg(&tls.cert_file)
+                    .arg("--tls-key-file")
+                    .arg(&tls.key_file)
+                    .arg("--tls-ca-cert-file")
+                    .arg(&tls.ca_file)
+                    .arg("--tls-auth-clients")
+                    .arg(if tls.require_client_cert { "yes" } else { "no" });
+            }
+        }
+        cmd.args(["--bind", "127.0.0.1", "--protected-mode", "no"])
             .arg("--dir")
             .arg(self.dir.path())
             .args(["--save", "", "--daemonize", "no", "--loglevel", "warning"])
@@ -120,7 +161,7 @@ impl RedisNode {
                     return false; // exited, e.g. the port was taken
                 }
             }
-            if self.ping() {
+            if self.ping() || self.accepts_tls_connections() {
                 return true;
             }
             std::thread::sleep(Duration::from_millis(10));
@@ -143,7 +184,10 @@ impl RedisNode {
     }
 
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
+        match &self.tls {
+            None => format!("redis://127.0.0.1:{}", self.port),
+            Some(tls) => format!("rediss://{}:{}", tls.host, self.port),
+        }
     }
 
     pub fn is_running(&self) -> bool {
@@ -160,7 +204,10 @@ impl RedisNode {
 
     /// A short-timeout synchronous connection for checks.
     pub fn connection(&self) -> redis::RedisResult<redis::Connection> {
-        let client = redis::Client::open(self.url())?;
+        let client = match &self.tls {
+            None => redis::Client::open(self.url())?,
+            Some(tls) => redis::Client::build_with_tls(self.url(), tls.certificates()?)?,
+        };
         let conn = client.get_connection_with_timeout(Duration::from_millis(500))?;
         conn.set_read_timeout(Some(Duration::from_secs(2)))?;
         conn.set_write_timeout(Some(Duration::from_secs(2)))?;
@@ -170,6 +217,17 @@ impl RedisNode {
     pub fn ping(&self) -> bool {
         self.connection()
             .and_then(|mut c| redis::cmd("PING").query::<String>(&mut c))
+            .is_ok()
+    }
+
+    /// For TLS nodes whose certificate the harness cannot verify (expired, or for another
+    /// name, on purpose): listening is as ready as the harness can tell.
+    fn accepts_tls_connections(&self) -> bool {
+        self.tls.is_some()
+            && std::net::TcpStream::connect_timeout(
+                &std::net::SocketAddr::from(([127, 0, 0, 1], self.port)),
+                Duration::from_millis(200),
+            )
             .is_ok()
     }
 
@@ -240,6 +298,31 @@ impl RedisNode {
     }
 }
 
+impl NodeTls {
+    fn certificates(&self) -> redis::RedisResult<redis::TlsCertificates> {
+        let read = |path: &Path| {
+            std::fs::read(path).map_err(|e| {
+                redis::RedisError::from((
+                    redis::ErrorKind::InvalidClientConfig,
+                    "cannot read a TLS file",
+                    format!("{}: {e}", path.display()),
+                ))
+            })
+        };
+        let client_tls = match &self.client {
+            Some((cert, key)) => Some(redis::ClientTlsConfig {
+                client_cert: read(cert)?,
+                client_key: read(key)?,
+            }),
+            None => None,
+        };
+        Ok(redis::TlsCertificates {
+            client_tls,
+            root_cert: Some(read(&self.ca_file)?),
+        })
+    }
+}
+
 impl Drop for RedisNode {
     fn drop(&mut self) {
         if self.paused {
@@ -256,7 +339,7 @@ pub struct RedisNodes {
 
 impl RedisNodes {
     pub fn start(count: usize, persistence: Persistence) -> Result<Self, HarnessError> {
-        Self::start_where(count, persistence, |_| false)
+        Self::start_inner(count, persistence, |_| false, None)
     }
 
     /// Starts `count` nodes, those for which `skewable(index)` holds with a movable clock.
@@ -265,12 +348,31 @@ impl RedisNodes {
         persistence: Persistence,
         skewable: impl Fn(usize) -> bool + Sync,
     ) -> Result<Self, HarnessError> {
+        Self::start_inner(count, persistence, skewable, None)
+    }
+
+    /// `count` nodes that speak TLS only, all with the same certificate.
+    pub fn start_tls(
+        count: usize,
+        persistence: Persistence,
+        tls: &NodeTls,
+    ) -> Result<Self, HarnessError> {
+        Self::start_inner(count, persistence, |_| false, Some(tls))
+    }
+
+    fn start_inner(
+        count: usize,
+        persistence: Persistence,
+        skewable: impl Fn(usize) -> bool + Sync,
+        tls: Option<&NodeTls>,
+    ) -> Result<Self, HarnessError> {
         // In parallel: each start waits for its server to answer.
         let nodes = std::thread::scope(|scope| {
             let handles: Vec<_> = (0..count)
                 .map(|i| {
                     let skew = skewable(i);
-                    scope.spawn(move || RedisNode::start_inner(persistence, skew))
+                    let tls = tls.cloned();
+                    scope.spawn(move || RedisNode::start_inner(persistence, skew, tls))
                 })
                 .collect();
             handles
