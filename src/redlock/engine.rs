@@ -2,7 +2,7 @@
 
 use super::config::RedlockConfig;
 use super::error::ConfigError;
-use super::error::{LockError, NodeErrorKind, NodeFailure};
+use super::error::{Failures, LockError, NodeErrorKind, NodeFailure};
 use super::lease::Lease;
 use super::node::{Node, Request};
 use super::scripts;
@@ -447,12 +447,19 @@ impl Redlock {
         Ok(())
     }
 
-    /// Compare-and-delete on every node; errors are ignored (the keys expire anyway).
-    /// Returns how many nodes deleted the key.
+    /// Compare-and-delete on every node. Returns how many nodes deleted the key; a node that
+    /// failed is logged (its key stays until the TTL runs out, which delays the next holder).
     pub async fn release(&self, lease: &Lease) -> usize {
-        let released = self
-            .release_value(&self.lock_key(&lease.name), &lease.value)
+        let (released, failures) = self
+            .release_value_except(&self.lock_key(&lease.name), &lease.value, &[])
             .await;
+        if !failures.is_empty() {
+            tracing::warn!(
+                lock = %lease.name,
+                failures = %Failures(&failures),
+                "release failed on some nodes; the lock stays there until its TTL runs out"
+            );
+        }
         self.inner.metrics.record_release();
         released
     }
@@ -460,18 +467,24 @@ impl Redlock {
     /// Deletes `value` from every node, including those that said no or timed out: a SET may
     /// have landed even though its reply was lost.
     async fn release_value(&self, lock_key: &str, value: &str) -> usize {
-        self.release_value_except(lock_key, value, &[]).await
+        self.release_value_except(lock_key, value, &[]).await.0
     }
 
     /// [`release_value`](Self::release_value), skipping the nodes marked in `skip` (indexed by
     /// node; shorter means the rest are not skipped).
-    async fn release_value_except(&self, lock_key: &str, value: &str, skip: &[bool]) -> usize {
+    async fn release_value_except(
+        &self,
+        lock_key: &str,
+        value: &str,
+        skip: &[bool],
+    ) -> (usize, Vec<NodeFailure>) {
         let mut invocation = scripts::RELEASE.prepare_invoke();
         invocation.key(lock_key).arg(value);
         let round = self
             .round_except::<i64>("release", Request::Script(&invocation), None, skip)
             .await;
-        round.replies.iter().filter(|(_, n)| *n == 1).count()
+        let released = round.replies.iter().filter(|(_, n)| *n == 1).count();
+        (released, round.failures)
     }
 
     /// How many nodes answer a trivial script now (readiness, degraded-mode reporting).

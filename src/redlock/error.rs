@@ -10,8 +10,10 @@ pub enum NodeErrorKind {
     Timeout,
     /// The TCP connection was refused or reset: the node is down or restarting.
     Refused,
-    /// The node rejected our credentials (AUTH / ACL).
+    /// The node rejected our credentials (AUTH).
     Auth,
+    /// The Redis user lacks a right (ACL): Redis's own words, which name the command or key.
+    NoPermission(String),
     /// The node did not know a script even after reloading it.
     NoScript,
     /// The node answered, but the key holds another value (or none): we are not the holder there.
@@ -30,6 +32,10 @@ impl fmt::Display for NodeErrorKind {
             Self::Timeout => f.write_str("timed out"),
             Self::Refused => f.write_str("connection refused or reset"),
             Self::Auth => f.write_str("authentication failed (check the Redis user/password)"),
+            Self::NoPermission(denied) => write!(
+                f,
+                "the Redis user lacks a right ({denied}); grant what the README's ACL SETUSER line lists"
+            ),
             Self::NoScript => f.write_str("script missing (NOSCRIPT) after reload"),
             Self::WrongValue => f.write_str("lock held by another value"),
             Self::Loading => f.write_str("node is loading its dataset"),
@@ -53,9 +59,8 @@ impl NodeErrorKind {
             return Self::Refused;
         }
         match err.kind() {
-            ErrorKind::AuthenticationFailed | ErrorKind::Server(ServerErrorKind::NoPerm) => {
-                Self::Auth
-            }
+            ErrorKind::AuthenticationFailed => Self::Auth,
+            ErrorKind::Server(ServerErrorKind::NoPerm) => Self::NoPermission(denial(err)),
             ErrorKind::Server(ServerErrorKind::NoScript) => Self::NoScript,
             ErrorKind::Server(ServerErrorKind::BusyLoading) => Self::Loading,
             _ if err.is_io_error() => Self::Refused,
@@ -63,12 +68,27 @@ impl NodeErrorKind {
                 let text = err.to_string();
                 if text.contains("NOAUTH") || text.contains("WRONGPASS") {
                     Self::Auth
+                } else if let Some(call) = super::scripts::denied_call(&text) {
+                    // A right missing inside a script comes back as a script error.
+                    Self::NoPermission(call)
                 } else {
                     Self::Other(text)
                 }
             }
         }
     }
+}
+
+/// Redis's words for a denial, once: a pipeline repeats them for every command it held.
+fn denial(err: &redis::RedisError) -> String {
+    let first = err.clone().into_server_errors().and_then(|errors| {
+        errors
+            .first()
+            .and_then(|(_, server)| server.details().map(|d| format!("NOPERM {d}")))
+    });
+    first
+        .or_else(|| err.detail().map(|d| format!("NOPERM {d}")))
+        .unwrap_or_else(|| err.to_string())
 }
 
 /// One node's failure, named by its address (credentials redacted).

@@ -56,12 +56,50 @@ pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(RELEA
 pub(crate) static PING: LazyLock<Script> = LazyLock::new(|| Script::new(PING_LUA));
 pub(crate) static GET: LazyLock<Script> = LazyLock::new(|| Script::new(GET_LUA));
 
+const ALL: [(&str, &str); 5] = [
+    ("fence", FENCE_LUA),
+    ("extend", EXTEND_LUA),
+    ("release", RELEASE_LUA),
+    ("ping", PING_LUA),
+    ("get", GET_LUA),
+];
+
+/// Redis 7.0 reports a right missing inside a script as "The user executing the script can't
+/// run this command or subcommand script: SHA, on @user_script:LINE.", without the command;
+/// the script and line name it: "NOPERM PEXPIRE in the extend script".
+pub(crate) fn denied_call(message: &str) -> Option<String> {
+    let rest = message
+        .split_once("can't run this command or subcommand script: ")?
+        .1;
+    let (sha, rest) = rest.split_once(", on @user_script:")?;
+    let line: usize = rest
+        .trim_end_matches('.')
+        .trim()
+        .split(|c: char| !c.is_ascii_digit())
+        .next()?
+        .parse()
+        .ok()?;
+    let (name, source) = ALL
+        .iter()
+        .find(|(_, source)| Script::new(source).get_hash() == sha)?;
+    let command = source
+        .lines()
+        .nth(line.checked_sub(1)?)?
+        .split_once("redis.call('")?
+        .1
+        .split_once('\'')?
+        .0;
+    Some(format!(
+        "NOPERM the user may not run {command} (called by the {name} script)"
+    ))
+}
+
 /// Loads every script on a new connection, in one pipeline.
 pub(crate) async fn load_all(
     conn: &mut redis::aio::MultiplexedConnection,
 ) -> redis::RedisResult<()> {
     let mut pipe = redis::pipe();
-    for source in [FENCE_LUA, EXTEND_LUA, RELEASE_LUA, PING_LUA, GET_LUA] {
+    for (_, source) in ALL {
         pipe.cmd("SCRIPT").arg("LOAD").arg(source).ignore();
     }
     pipe.query_async::<()>(conn).await

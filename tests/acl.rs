@@ -1,0 +1,211 @@
+//! The least-privilege Redis user of the README, created on real nodes: the engine, `exec` and
+//! the operator's calls work with exactly those rights, and each right taken away fails the
+//! attempt with a message naming it, never a hang and never a lock counted as held.
+
+mod support;
+
+use lockedjob::redlock::{Credentials, LockError, Redlock, RedlockConfig};
+use std::process::Command;
+use std::time::Duration;
+use support::{lockedjob_bin, NodeChecks, Persistence, RedisNodes, SetChecks};
+
+const USER: &str = "lockedjob";
+const PASSWORD: &str = "s3cret-for-tests";
+const MARKER: &str = "<!-- tests/acl.rs runs the next line";
+const TTL: Duration = Duration::from_secs(10);
+/// Bounds every call: a missing right must fail the call, not hang it.
+const NO_HANG: Duration = Duration::from_secs(15);
+
+/// The README's `ACL SETUSER` line, split into arguments, with the test password.
+fn documented_acl() -> Vec<String> {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
+        .expect("README.md");
+    let (_, after) = readme
+        .split_once(MARKER)
+        .expect("the README marks its ACL line");
+    let line = after
+        .lines()
+        .find(|line| line.starts_with("ACL SETUSER"))
+        .expect("an ACL SETUSER line after the marker");
+    line.split_whitespace()
+        .map(|word| word.replace("<password>", PASSWORD))
+        .collect()
+}
+
+fn create_user(nodes: &RedisNodes, acl: &[String]) {
+    let args: Vec<&str> = acl.iter().map(String::as_str).collect();
+    for node in &nodes.nodes {
+        node.command::<()>(&["ACL", "DELUSER", USER])
+            .expect("ACL DELUSER");
+        node.command::<()>(&args).expect("ACL SETUSER");
+        node.command::<()>(&["ACL", "LOG", "RESET"])
+            .expect("ACL LOG RESET");
+    }
+}
+
+fn engine(nodes: &RedisNodes) -> Redlock {
+    let mut config = RedlockConfig::new(nodes.urls());
+    config.credentials = Credentials {
+        username: Some(USER.into()),
+        password: Some(PASSWORD.into()),
+    };
+    config.holder = "acl-test/runner".into();
+    config.request_timeout = Duration::from_secs(2);
+    config.connect_timeout = Duration::from_secs(2);
+    Redlock::new(config).expect("valid config")
+}
+
+/// What the nodes denied since the user was created (`ACL LOG`), as text.
+fn denials(nodes: &RedisNodes) -> Vec<String> {
+    nodes
+        .nodes
+        .iter()
+        .flat_map(|node| {
+            node.command::<Vec<redis::Value>>(&["ACL", "LOG"])
+                .expect("ACL LOG")
+                .into_iter()
+                .map(|entry| format!("{entry:?}"))
+        })
+        .collect()
+}
+
+async fn bounded<T>(what: &str, call: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(NO_HANG, call)
+        .await
+        .unwrap_or_else(|_| panic!("{what} hung"))
+}
+
+#[tokio::test]
+async fn the_documented_user_is_enough_for_every_call_of_the_engine() {
+    let nodes = RedisNodes::start(3, Persistence::None).expect("redis nodes");
+    create_user(&nodes, &documented_acl());
+    let engine = engine(&nodes);
+
+    assert_eq!(bounded("probe", engine.reachable_nodes()).await, 3);
+    let lease = bounded("acquire", engine.try_acquire("acl", TTL))
+        .await
+        .expect("acquire as the ACL user");
+    assert_eq!(lease.token(), 1);
+    bounded("extend", engine.extend(&lease))
+        .await
+        .expect("extend as the ACL user");
+    assert_eq!(
+        bounded("holder", engine.current_holder("acl"))
+            .await
+            .as_deref(),
+        Some("acl-test/runner")
+    );
+    assert_eq!(bounded("release", engine.release(&lease)).await, 3);
+    let step = bounded("acquire a step", engine.try_acquire_step("acl", TTL, 42))
+        .await
+        .expect("step as the ACL user");
+    assert_eq!(step.token(), 2);
+    assert_eq!(
+        nodes[0].get("lockedjob:progress:acl").as_deref(),
+        Some("42")
+    );
+    assert_eq!(bounded("release", engine.release(&step)).await, 3);
+    assert_eq!(denials(&nodes), Vec::<String>::new(), "nothing was denied");
+
+    let out = exec(&nodes);
+    assert_eq!(out.status.code(), Some(0), "stderr: {}", text(&out.stderr));
+    assert_eq!(text(&out.stdout).trim(), "token=1");
+    assert_eq!(nodes.count_key("lockedjob:lock:nightly"), 0, "released");
+    assert_eq!(denials(&nodes), Vec::<String>::new(), "nothing was denied");
+}
+
+/// `lockedjob exec --lock nightly` as the ACL user, printing its token.
+fn exec(nodes: &RedisNodes) -> std::process::Output {
+    Command::new(lockedjob_bin())
+        .args([
+            "exec", "--lock", "nightly", "--ttl", "10s", "--", "sh", "-c",
+        ])
+        .arg("echo token=$LOCKEDJOB_FENCING_TOKEN")
+        .env("LOCKEDJOB_REDIS_URLS", nodes.urls().join(","))
+        .env("LOCKEDJOB_REDIS_USERNAME", USER)
+        .env("LOCKEDJOB_REDIS_PASSWORD", PASSWORD)
+        .env("LOCKEDJOB_REQUEST_TIMEOUT", "2s")
+        .env("RUST_LOG", "warn")
+        .output()
+        .expect("run lockedjob exec")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// Without `del` the lock cannot be given back: the command still ran once, and the release
+/// failure is reported with Redis's reason instead of passing in silence.
+#[test]
+fn a_release_the_user_may_not_do_is_reported() {
+    let nodes = RedisNodes::start(3, Persistence::None).expect("redis nodes");
+    let mut acl = documented_acl();
+    acl.push("-del".into());
+    create_user(&nodes, &acl);
+    let out = exec(&nodes);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "stderr: {stderr}");
+    assert_eq!(text(&out.stdout).trim(), "token=1");
+    assert!(
+        stderr.contains("release failed") && stderr.contains("DEL (called by the release script)"),
+        "{stderr}"
+    );
+    assert_eq!(
+        nodes.count_key("lockedjob:lock:nightly"),
+        3,
+        "the key waits for its TTL"
+    );
+}
+
+/// The documented user with one right taken away, and what the engine does about it.
+#[tokio::test]
+async fn each_missing_right_fails_the_call_with_a_message_naming_it() {
+    let nodes = RedisNodes::start(3, Persistence::None).expect("redis nodes");
+    let documented = documented_acl();
+    let without = |taken: &[&str]| -> Vec<String> {
+        let mut acl = documented.clone();
+        acl.extend(taken.iter().map(|t| t.to_string()));
+        acl
+    };
+    // (right taken away, ACL modifiers that take it, what the message must name)
+    let table: [(&str, Vec<String>, &str); 6] = [
+        ("script|load", without(&["-script|load"]), "script|load"),
+        ("evalsha", without(&["-evalsha"]), "evalsha"),
+        ("get", without(&["-get"]), "get"),
+        ("set", without(&["-set"]), "set"),
+        ("pexpire", without(&["-pexpire"]), "pexpire"),
+        (
+            "keys under the prefix",
+            without(&["resetkeys", "~someone-else:*"]),
+            "key",
+        ),
+    ];
+    for (case, acl, named) in table {
+        for node in &nodes.nodes {
+            node.command::<()>(&["FLUSHALL"]).expect("FLUSHALL");
+        }
+        create_user(&nodes, &acl);
+        let engine = engine(&nodes);
+        let failure = match bounded(case, engine.try_acquire("acl", TTL)).await {
+            Err(err) => {
+                assert!(
+                    matches!(err, LockError::NoQuorum { .. }),
+                    "{case}: refused for node trouble, not as held elsewhere: {err}"
+                );
+                err.to_string()
+            }
+            Ok(lease) => {
+                // A right the acquire does not use fails the call that does.
+                let extend = bounded(case, engine.extend(&lease)).await;
+                bounded(case, engine.release(&lease)).await;
+                extend.expect_err("extend refused").to_string()
+            }
+        };
+        eprintln!("{case}: {failure}");
+        assert!(failure.to_lowercase().contains(named), "{case}: {failure}");
+        assert!(
+            !denials(&nodes).is_empty(),
+            "{case}: the node logged the denial"
+        );
+    }
+}
