@@ -557,3 +557,129 @@ async fn a_step_is_started_once_across_holders_even_with_a_node_down() {
         Some("101")
     );
 }
+
+/// A server that answers every command `+OK`, whatever it was: a broken proxy or a
+/// misconfigured port. Commands are counted by their RESP array headers.
+async fn garbage_node() -> (String, tokio::task::JoinHandle<()>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let url = format!("redis://{}", listener.local_addr().expect("addr"));
+    let task = tokio::spawn(async move {
+        let mut connections = tokio::task::JoinSet::new();
+        while let Ok((mut socket, _)) = listener.accept().await {
+            connections.spawn(async move {
+                let mut buf = vec![0u8; 64 * 1024];
+                while let Ok(n) = socket.read(&mut buf).await {
+                    if n == 0 {
+                        return;
+                    }
+                    let chunk = &buf[..n];
+                    let commands = usize::from(chunk.first() == Some(&b'*'))
+                        + chunk.windows(3).filter(|w| w == b"\r\n*").count();
+                    if socket
+                        .write_all(&b"+OK\r\n".repeat(commands))
+                        .await
+                        .is_err()
+                    {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (url, task)
+}
+
+#[tokio::test]
+async fn nodes_that_answer_garbage_fail_the_attempt_with_a_message_never_a_wrong_token() {
+    let nodes = RedisNodes::start(3, Persistence::None).expect("start redis-server");
+    let (garbage_a, task_a) = garbage_node().await;
+    let (garbage_b, task_b) = garbage_node().await;
+
+    // Two of five nodes answer garbage: three real votes still make a quorum, and the token
+    // comes from the real fences only.
+    let mut urls = nodes.urls();
+    urls.extend([garbage_a.clone(), garbage_b.clone()]);
+    let five = engine(urls, "garbage-test");
+    let lease = five
+        .try_acquire("garbage", 10 * SECOND)
+        .await
+        .expect("3 of 5");
+    assert_eq!(lease.token(), 1);
+    five.release(&lease).await;
+
+    // Garbage on a quorum: refused, with the garbage nodes named.
+    let mut urls: Vec<String> = nodes.urls()[..1].to_vec();
+    urls.extend([garbage_a.clone(), garbage_b.clone()]);
+    let three = engine(urls, "garbage-test");
+    let err = three
+        .try_acquire("garbage", 10 * SECOND)
+        .await
+        .expect_err("no quorum of real nodes");
+    let message = err.to_string();
+    assert!(matches!(err, LockError::NoQuorum { .. }), "{message}");
+    for url in [&garbage_a, &garbage_b] {
+        assert!(message.contains(url.as_str()), "{message}");
+    }
+    task_a.abort();
+    task_b.abort();
+}
+
+#[tokio::test]
+async fn keys_of_the_wrong_type_or_value_fail_the_attempt_instead_of_issuing_a_token() {
+    let nodes = RedisNodes::start(3, Persistence::None).expect("start redis-server");
+    let engine = engine(nodes.urls(), "wrong-type-test");
+    // (what is on every node, what the message says)
+    let table: [(&[&[&str]], &str); 4] = [
+        (
+            &[&["SET", "lockedjob:fence:wt", "not-a-number"]],
+            "unexpected reply",
+        ),
+        (&[&["SET", "lockedjob:fence:wt", "-5"]], "unexpected reply"),
+        (&[&["HSET", "lockedjob:fence:wt", "f", "1"]], "WRONGTYPE"),
+        (&[&["HSET", "lockedjob:lock:wt", "f", "1"]], "WRONGTYPE"),
+    ];
+    for (setup, expected) in table {
+        for node in &nodes.nodes {
+            node.command::<()>(&["FLUSHALL"]).expect("FLUSHALL");
+            for command in setup {
+                node.command::<()>(command).expect("setup");
+            }
+        }
+        let err = engine
+            .try_acquire("wt", 10 * SECOND)
+            .await
+            .expect_err("refused: no node gave a usable fence");
+        let message = err.to_string();
+        assert!(
+            matches!(err, LockError::NoQuorum { .. }),
+            "{setup:?}: {message}"
+        );
+        assert!(message.contains(expected), "{setup:?}: {message}");
+        let locks_left = nodes
+            .nodes
+            .iter()
+            .filter(|node| {
+                node.command::<String>(&["TYPE", "lockedjob:lock:wt"])
+                    .expect("TYPE")
+                    == "string"
+            })
+            .count();
+        assert_eq!(locks_left, 0, "{setup:?}: no lock of ours left behind");
+    }
+
+    // One node with a broken fence: the other two are a quorum and the token exceeds theirs.
+    for node in &nodes.nodes {
+        node.command::<()>(&["FLUSHALL"]).expect("FLUSHALL");
+        node.command::<()>(&["SET", "lockedjob:fence:wt", "7"])
+            .expect("fence");
+    }
+    nodes[0]
+        .command::<()>(&["SET", "lockedjob:fence:wt", "garbage"])
+        .expect("broken fence");
+    let lease = engine.try_acquire("wt", 10 * SECOND).await.expect("2 of 3");
+    assert_eq!(lease.token(), 8);
+    engine.release(&lease).await;
+}

@@ -20,6 +20,9 @@ pub enum NodeErrorKind {
     WrongValue,
     /// The node is loading its dataset after a restart.
     Loading,
+    /// The node answered something the protocol never writes: a key of ours holds a foreign
+    /// value or type, or the address is not a Redis server.
+    BadReply(String),
     /// The TLS handshake failed: what failed and what to change.
     Tls(String),
     /// Anything else the node or the connection reported.
@@ -40,6 +43,10 @@ impl fmt::Display for NodeErrorKind {
             Self::WrongValue => f.write_str("lock held by another value"),
             Self::Loading => f.write_str("node is loading its dataset"),
             Self::Tls(message) => f.write_str(message),
+            Self::BadReply(reply) => write!(
+                f,
+                "unexpected reply ({reply}): a lock, fence or progress key holds a value or type this engine never writes, or the address is not a Redis server; inspect the keys under the prefix"
+            ),
             Self::Other(message) => f.write_str(message),
         }
     }
@@ -63,6 +70,8 @@ impl NodeErrorKind {
             ErrorKind::Server(ServerErrorKind::NoPerm) => Self::NoPermission(denial(err)),
             ErrorKind::Server(ServerErrorKind::NoScript) => Self::NoScript,
             ErrorKind::Server(ServerErrorKind::BusyLoading) => Self::Loading,
+            ErrorKind::Parse | ErrorKind::UnexpectedReturnType => Self::BadReply(err.to_string()),
+            _ if err.code() == Some("WRONGTYPE") => Self::BadReply(err.to_string()),
             _ if err.is_io_error() => Self::Refused,
             _ => {
                 let text = err.to_string();
