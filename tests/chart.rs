@@ -190,8 +190,69 @@ impl Drop for Server {
     }
 }
 
+/// The chart's start script with the environment the chart gives it, on loopback.
+fn start_script(dir: &Path, port: u16, delay: u64) -> Command {
+    let mut command = Command::new("sh");
+    command
+        .arg(repo(&format!("{CHART}/files/start-redis.sh")))
+        .args(["--bind", "127.0.0.1"])
+        .env("REDIS_PORT", port.to_string())
+        .env("REDIS_DATA_DIR", dir)
+        .env("RESTART_DELAY_SECONDS", delay.to_string())
+        .env("REDIS_CONFIG", repo(&format!("{CHART}/files/redis.conf")))
+        .env("REDIS_RUNTIME_DIR", dir.join("run"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    command
+}
+
+/// The rules after the password in the README's ACL line, and in the start script's user line.
+fn rules_after_password(line: &str) -> Vec<String> {
+    line.split_whitespace()
+        .skip_while(|word| !(word.starts_with('>') || word.starts_with('#')))
+        .skip(1)
+        .map(String::from)
+        .collect()
+}
+
+fn readme_acl_line() -> String {
+    let readme = read(&repo("README.md"));
+    let (_, after) = readme
+        .split_once("<!-- tests/acl.rs runs the next line")
+        .expect("the README marks its ACL line");
+    after
+        .lines()
+        .find(|line| line.starts_with("ACL SETUSER"))
+        .expect("an ACL SETUSER line")
+        .to_string()
+}
+
+fn lock_with(urls: Vec<String>, tls: lockedjob::redlock::TlsFiles) -> Result<u64, String> {
+    let mut config = lockedjob::redlock::RedlockConfig::new(urls);
+    config.credentials = lockedjob::redlock::Credentials {
+        username: Some("lockedjob".into()),
+        password: Some(PASSWORD.into()),
+    };
+    config.tls = tls;
+    config.request_timeout = Duration::from_secs(2);
+    config.connect_timeout = Duration::from_secs(2);
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    runtime.block_on(async {
+        let engine = lockedjob::redlock::Redlock::new(config).map_err(|e| e.to_string())?;
+        let lease = engine
+            .try_acquire("chart", Duration::from_secs(5))
+            .await
+            .map_err(|e| e.to_string())?;
+        engine.release(&lease).await;
+        Ok(lease.token())
+    })
+}
+
+const PASSWORD: &str = "s3cr\"et";
+
 /// The chart's redis.conf and start-redis.sh, run for real: the node stays out of service for
-/// the restart delay, then serves with AOF fsynced on every write, a password, and no FLUSHALL.
+/// the restart delay, then serves with AOF fsynced on every write, no FLUSHALL, the README's
+/// least-privilege user for the engine and the default user for monitoring only.
 #[test]
 fn chart_redis_node_starts_after_its_delay_with_its_durability_settings() {
     let dir = tempfile::tempdir().expect("temp dir");
@@ -199,21 +260,14 @@ fn chart_redis_node_starts_after_its_delay_with_its_durability_settings() {
     let delay = 2;
     let started = Instant::now();
     let _server = Server(
-        Command::new("sh")
-            .arg(repo(&format!("{CHART}/files/start-redis.sh")))
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-            .env("REDIS_DATA_DIR", dir.path())
-            .env("RESTART_DELAY_SECONDS", delay.to_string())
-            .env("REDIS_CONFIG", repo(&format!("{CHART}/files/redis.conf")))
-            .env("REDIS_RUNTIME_DIR", dir.path().join("run"))
-            .env("REDIS_PASSWORD", "s3cr\"et")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
+        start_script(dir.path(), port, delay)
+            .env("REDIS_PASSWORD", PASSWORD)
+            .env("REDIS_MONITORING_USER", "yes")
             .spawn()
             .expect("start start-redis.sh"),
     );
     let client = redis::Client::open(format!("redis://127.0.0.1:{port}/")).expect("client");
-    let authed = redis::Client::open(format!("redis://:s3cr%22et@127.0.0.1:{port}/"))
+    let monitoring = redis::Client::open(format!("redis://:s3cr%22et@127.0.0.1:{port}/"))
         .expect("client with password");
 
     // Out of service during the delay: nothing listens yet.
@@ -226,7 +280,7 @@ fn chart_redis_node_starts_after_its_delay_with_its_durability_settings() {
         std::thread::sleep(Duration::from_millis(100));
     }
     let serving = support::wait_until(Duration::from_secs(60), || {
-        authed
+        monitoring
             .get_connection()
             .and_then(|mut c| redis::cmd("PING").query::<String>(&mut c))
             .is_ok()
@@ -237,7 +291,7 @@ fn chart_redis_node_starts_after_its_delay_with_its_durability_settings() {
         "served before its restart delay ended"
     );
 
-    let mut conn = authed.get_connection().expect("connect with password");
+    let mut conn = monitoring.get_connection().expect("connect as the monitoring user");
     let config = |name: &str, conn: &mut redis::Connection| -> String {
         let pair: Vec<String> = redis::cmd("CONFIG")
             .arg("GET")
@@ -250,11 +304,29 @@ fn chart_redis_node_starts_after_its_delay_with_its_durability_settings() {
     assert_eq!(config("appendfsync", &mut conn), "always");
     assert_eq!(config("maxmemory-policy", &mut conn), "noeviction");
     assert_eq!(config("save", &mut conn), "");
-    let flush: redis::RedisResult<String> = redis::cmd("FLUSHALL").query(&mut conn);
+    let read_a_key: redis::RedisResult<Option<String>> =
+        redis::cmd("GET").arg("lockedjob:lock:x").query(&mut conn);
     assert!(
-        flush.is_err(),
-        "FLUSHALL must be disabled on a lock node: {flush:?}"
+        read_a_key.is_err_and(|e| e.code() == Some("NOPERM")),
+        "the monitoring user reads no keys"
     );
+
+    assert_eq!(lock_with(vec![format!("redis://127.0.0.1:{port}")], Default::default()), Ok(1));
+    let engine_user = redis::Client::open(format!("redis://lockedjob:s3cr%22et@127.0.0.1:{port}/"))
+        .expect("client as the engine's user");
+    let mut engine_conn = engine_user.get_connection().expect("connect as lockedjob");
+    let flush: redis::RedisResult<String> = redis::cmd("FLUSHALL").query(&mut engine_conn);
+    assert!(
+        flush.is_err_and(|e| e.to_string().contains("unknown command")),
+        "FLUSHALL must be disabled on a lock node"
+    );
+    let other_key: redis::RedisResult<Option<String>> =
+        redis::cmd("GET").arg("elsewhere").query(&mut engine_conn);
+    assert!(
+        other_key.is_err_and(|e| e.code() == Some("NOPERM")),
+        "the engine's user reaches only keys under its prefix"
+    );
+
     let mut anonymous = client.get_connection().expect("connect without password");
     let denied: redis::RedisResult<String> =
         redis::cmd("SET").arg("k").arg("v").query(&mut anonymous);
@@ -262,12 +334,74 @@ fn chart_redis_node_starts_after_its_delay_with_its_durability_settings() {
         denied.is_err_and(|e| e.code() == Some("NOAUTH")),
         "a client without the password is refused"
     );
+
+    let node_conf = read(&dir.path().join("run/node.conf"));
+    let user_line = node_conf
+        .lines()
+        .find(|line| line.starts_with("user lockedjob "))
+        .expect("the engine's user");
+    assert_eq!(
+        rules_after_password(user_line),
+        rules_after_password(&readme_acl_line()),
+        "the chart's nodes grant what the README documents"
+    );
     let password_in_ps =
         std::fs::read_to_string(format!("/proc/{}/cmdline", _server.0.id())).unwrap_or_default();
     assert!(
-        !password_in_ps.contains("s3cr"),
-        "the password must not be on the command line"
+        !password_in_ps.contains("s3cr") && !node_conf.contains("s3cr"),
+        "the password must be neither on the command line nor in the config"
     );
+}
+
+/// With a cert-manager style Secret mounted: TLS only, client certificates required, and the
+/// operator's engine connects with the CA, its client certificate and the ACL user.
+#[test]
+fn chart_redis_node_serves_tls_only_from_a_certificate_secret() {
+    use support::pki::{TestCa, Validity};
+    let ca = TestCa::new("nodes");
+    let server = ca.server("node", &["127.0.0.1"], Validity::Current);
+    let client = ca.client("operator");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let secret = dir.path().join("tls");
+    std::fs::create_dir(&secret).expect("secret dir");
+    for (from, to) in [
+        (&server.cert, "tls.crt"),
+        (&server.key, "tls.key"),
+        (&ca.ca_file, "ca.crt"),
+    ] {
+        std::fs::copy(from, secret.join(to)).expect("copy into the secret dir");
+    }
+    let port = support::free_port();
+    let _server = Server(
+        start_script(dir.path(), port, 0)
+            .env("REDIS_PASSWORD", PASSWORD)
+            .env("REDIS_TLS_DIR", &secret)
+            .env("REDIS_TLS_AUTH_CLIENTS", "yes")
+            .spawn()
+            .expect("start start-redis.sh"),
+    );
+    let tls = lockedjob::redlock::TlsFiles {
+        ca_file: Some(ca.ca_file.clone()),
+        cert_file: Some(client.cert.clone()),
+        key_file: Some(client.key.clone()),
+    };
+    let url = format!("rediss://127.0.0.1:{port}");
+    let locked = support::wait_until(Duration::from_secs(30), || {
+        lock_with(vec![url.clone()], tls.clone()).is_ok()
+    });
+    assert!(locked, "{:?}", lock_with(vec![url.clone()], tls.clone()));
+
+    let without_client_cert = lockedjob::redlock::TlsFiles {
+        ca_file: Some(ca.ca_file.clone()),
+        ..Default::default()
+    };
+    let refused = lock_with(vec![url], without_client_cert).expect_err("client cert required");
+    assert!(refused.contains("requires a client certificate"), "{refused}");
+    let plain = redis::Client::open(format!("redis://127.0.0.1:{port}/")).expect("client");
+    let plain_ping = plain
+        .get_connection()
+        .and_then(|mut c| redis::cmd("PING").query::<String>(&mut c));
+    assert!(plain_ping.is_err(), "no plain-text service: {plain_ping:?}");
 }
 
 #[test]

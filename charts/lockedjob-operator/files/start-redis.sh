@@ -7,12 +7,22 @@
 # Environment:
 #   RESTART_DELAY_SECONDS  seconds to wait before starting (default 60; 0 disables)
 #   REDIS_CONFIG           base configuration file (default /etc/lockedjob-redis/redis.conf)
-#   REDIS_PASSWORD         when set, required from every client (written to a private
-#                          include file, never on the command line where `ps` would show it)
+#   REDIS_PASSWORD         when set: the ACL user REDIS_USER gets exactly the rights the
+#                          engine needs, on keys under REDIS_KEY_PREFIX only, and the
+#                          default user is turned off (written to a private include file as
+#                          a SHA-256, never on the command line where `ps` would show it)
+#   REDIS_USER             that user's name (default lockedjob)
+#   REDIS_KEY_PREFIX       the operator's key prefix (default lockedjob)
+#   REDIS_MONITORING_USER  when "yes", the default user stays on with the same password but
+#                          monitoring rights only (INFO and the like, no keys): for an exporter
+#   REDIS_TLS_DIR          when set: serve TLS only, with tls.crt, tls.key and ca.crt from
+#                          this directory (a cert-manager Secret), plain-text port off
+#   REDIS_TLS_AUTH_CLIENTS "yes" to require client certificates the CA signed (default no)
+#   REDIS_PORT             the port to serve on (default 6379)
 #   REDIS_DATA_DIR         where the append-only file lives (default /data, the volume)
 #   REDIS_RUNTIME_DIR      where that include file goes (default /run/redis, an emptyDir)
 #   REDIS_SERVER           the server binary (default redis-server)
-# Extra arguments are passed to redis-server (tests use them to pick a port and a data dir).
+# Extra arguments are passed to redis-server (tests use them to bind to loopback only).
 set -eu
 
 delay="${RESTART_DELAY_SECONDS:-60}"
@@ -27,14 +37,52 @@ esac
 [ -r "$config" ] || { echo "start-redis: cannot read the configuration file $config" >&2; exit 64; }
 [ -d "$data_dir" ] && [ -w "$data_dir" ] || { echo "start-redis: the data directory $data_dir is missing or not writable" >&2; exit 64; }
 
+# The engine's rights: its scripts (loaded once per connection, run by SHA) and the commands
+# they call, on its keys only. The README's ACL SETUSER line lists the same; a test compares.
+engine_rights='resetchannels -@all +evalsha +script|load +get +set +pexpire +del'
+monitoring_rights='resetchannels -@all +ping +info +config|get +client|list +slowlog|get +slowlog|len +latency|latest +memory|stats +dbsize'
+user="${REDIS_USER:-lockedjob}"
+prefix="${REDIS_KEY_PREFIX:-lockedjob}"
+port="${REDIS_PORT:-6379}"
+case "$user" in
+  ''|*[!A-Za-z0-9_.-]*) echo "start-redis: REDIS_USER must be letters, digits, '_', '.' or '-', got '$user'" >&2; exit 64 ;;
+esac
+case "$prefix" in
+  ''|*[!A-Za-z0-9_.:-]*) echo "start-redis: REDIS_KEY_PREFIX must be letters, digits, '_', '.', ':' or '-', got '$prefix'" >&2; exit 64 ;;
+esac
+
 mkdir -p "$runtime_dir"
 umask 077
-auth="$runtime_dir/auth.conf"
+auth="$runtime_dir/node.conf"
 : > "$auth"
 if [ -n "${REDIS_PASSWORD:-}" ]; then
-  # Escape for a double-quoted Redis config string.
-  escaped=$(printf '%s' "$REDIS_PASSWORD" | sed 's/\\/\\\\/g; s/"/\\"/g')
-  printf 'requirepass "%s"\n' "$escaped" > "$auth"
+  # A SHA-256 in the file: no escaping to get wrong, and no password at rest.
+  hash=$(printf '%s' "$REDIS_PASSWORD" | sha256sum | cut -d' ' -f1)
+  printf 'user %s on #%s resetkeys ~%s:* %s\n' "$user" "$hash" "$prefix" "$engine_rights" >> "$auth"
+  if [ "${REDIS_MONITORING_USER:-no}" = yes ]; then
+    printf 'user default on #%s resetkeys %s\n' "$hash" "$monitoring_rights" >> "$auth"
+  else
+    printf 'user default off\n' >> "$auth"
+  fi
+fi
+if [ -n "${REDIS_TLS_DIR:-}" ]; then
+  for file in tls.crt tls.key ca.crt; do
+    [ -r "$REDIS_TLS_DIR/$file" ] || { echo "start-redis: cannot read $REDIS_TLS_DIR/$file (the TLS Secret needs tls.crt, tls.key and ca.crt)" >&2; exit 64; }
+  done
+  case "${REDIS_TLS_AUTH_CLIENTS:-no}" in
+    yes|no) ;;
+    *) echo "start-redis: REDIS_TLS_AUTH_CLIENTS must be yes or no, got '$REDIS_TLS_AUTH_CLIENTS'" >&2; exit 64 ;;
+  esac
+  {
+    echo "port 0"
+    echo "tls-port $port"
+    echo "tls-cert-file $REDIS_TLS_DIR/tls.crt"
+    echo "tls-key-file $REDIS_TLS_DIR/tls.key"
+    echo "tls-ca-cert-file $REDIS_TLS_DIR/ca.crt"
+    echo "tls-auth-clients ${REDIS_TLS_AUTH_CLIENTS:-no}"
+  } >> "$auth"
+else
+  echo "port $port" >> "$auth"
 fi
 
 if [ "$delay" -gt 0 ]; then
