@@ -52,10 +52,18 @@ lockedjob.dev/redis-node: {{ .index | quote }}
 {{- $urls := list -}}
 {{- $fullname := include "lockedjob.fullname" . -}}
 {{- range $i := until (int .Values.redis.nodes) -}}
-{{- $urls = append $urls (printf "redis://%s-redis-%d.%s.svc:6379" $fullname $i $.Release.Namespace) -}}
+{{- $scheme := ternary "rediss" "redis" $.Values.redis.tls.enabled -}}
+{{- $urls = append $urls (printf "%s://%s-redis-%d.%s.svc:6379" $scheme $fullname $i $.Release.Namespace) -}}
 {{- end -}}
 {{- join "," $urls -}}
 {{- else -}}
+{{- if .Values.redis.tls.enabled -}}
+{{- range .Values.redis.external -}}
+{{- if not (hasPrefix "rediss://" .) -}}
+{{- fail (printf "redis.tls.enabled: every redis.external URL must be rediss://, got %s" .) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
 {{- required "redis.external must list the nodes when redis.enabled is false" (join "," .Values.redis.external) -}}
 {{- end -}}
 {{- end -}}
