@@ -11,36 +11,16 @@ use support::{lockedjob_bin, NodeChecks, Persistence, RedisNodes, SetChecks};
 
 const USER: &str = "lockedjob";
 const PASSWORD: &str = "s3cret-for-tests";
-const MARKER: &str = "<!-- tests/acl.rs runs the next line";
 const TTL: Duration = Duration::from_secs(10);
 /// Bounds every call: a missing right must fail the call, not hang it.
 const NO_HANG: Duration = Duration::from_secs(15);
 
-/// The README's `ACL SETUSER` line, split into arguments, with the test password.
 fn documented_acl() -> Vec<String> {
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
-        .expect("README.md");
-    let (_, after) = readme
-        .split_once(MARKER)
-        .expect("the README marks its ACL line");
-    let line = after
-        .lines()
-        .find(|line| line.starts_with("ACL SETUSER"))
-        .expect("an ACL SETUSER line after the marker");
-    line.split_whitespace()
-        .map(|word| word.replace("<password>", PASSWORD))
-        .collect()
+    support::readme_acl_setuser(PASSWORD)
 }
 
 fn create_user(nodes: &RedisNodes, acl: &[String]) {
-    let args: Vec<&str> = acl.iter().map(String::as_str).collect();
-    for node in &nodes.nodes {
-        node.command::<()>(&["ACL", "DELUSER", USER])
-            .expect("ACL DELUSER");
-        node.command::<()>(&args).expect("ACL SETUSER");
-        node.command::<()>(&["ACL", "LOG", "RESET"])
-            .expect("ACL LOG RESET");
-    }
+    support::create_acl_user(nodes, acl);
 }
 
 fn engine(nodes: &RedisNodes) -> Redlock {
@@ -55,18 +35,8 @@ fn engine(nodes: &RedisNodes) -> Redlock {
     Redlock::new(config).expect("valid config")
 }
 
-/// What the nodes denied since the user was created (`ACL LOG`), as text.
 fn denials(nodes: &RedisNodes) -> Vec<String> {
-    nodes
-        .nodes
-        .iter()
-        .flat_map(|node| {
-            node.command::<Vec<redis::Value>>(&["ACL", "LOG"])
-                .expect("ACL LOG")
-                .into_iter()
-                .map(|entry| format!("{entry:?}"))
-        })
-        .collect()
+    support::acl_denials(nodes)
 }
 
 async fn bounded<T>(what: &str, call: impl std::future::Future<Output = T>) -> T {

@@ -216,15 +216,7 @@ fn rules_after_password(line: &str) -> Vec<String> {
 }
 
 fn readme_acl_line() -> String {
-    let readme = read(&repo("README.md"));
-    let (_, after) = readme
-        .split_once("<!-- tests/acl.rs runs the next line")
-        .expect("the README marks its ACL line");
-    after
-        .lines()
-        .find(|line| line.starts_with("ACL SETUSER"))
-        .expect("an ACL SETUSER line")
-        .to_string()
+    support::readme_acl_setuser("<password>").join(" ")
 }
 
 fn lock_with(urls: Vec<String>, tls: lockedjob::redlock::TlsFiles) -> Result<u64, String> {
@@ -291,7 +283,9 @@ fn chart_redis_node_starts_after_its_delay_with_its_durability_settings() {
         "served before its restart delay ended"
     );
 
-    let mut conn = monitoring.get_connection().expect("connect as the monitoring user");
+    let mut conn = monitoring
+        .get_connection()
+        .expect("connect as the monitoring user");
     let config = |name: &str, conn: &mut redis::Connection| -> String {
         let pair: Vec<String> = redis::cmd("CONFIG")
             .arg("GET")
@@ -311,7 +305,13 @@ fn chart_redis_node_starts_after_its_delay_with_its_durability_settings() {
         "the monitoring user reads no keys"
     );
 
-    assert_eq!(lock_with(vec![format!("redis://127.0.0.1:{port}")], Default::default()), Ok(1));
+    assert_eq!(
+        lock_with(
+            vec![format!("redis://127.0.0.1:{port}")],
+            Default::default()
+        ),
+        Ok(1)
+    );
     let engine_user = redis::Client::open(format!("redis://lockedjob:s3cr%22et@127.0.0.1:{port}/"))
         .expect("client as the engine's user");
     let mut engine_conn = engine_user.get_connection().expect("connect as lockedjob");
@@ -396,7 +396,10 @@ fn chart_redis_node_serves_tls_only_from_a_certificate_secret() {
         ..Default::default()
     };
     let refused = lock_with(vec![url], without_client_cert).expect_err("client cert required");
-    assert!(refused.contains("requires a client certificate"), "{refused}");
+    assert!(
+        refused.contains("requires a client certificate"),
+        "{refused}"
+    );
     let plain = redis::Client::open(format!("redis://127.0.0.1:{port}/")).expect("client");
     let plain_ping = plain
         .get_connection()

@@ -644,6 +644,127 @@ async fn upgrade_keeps_the_chart_made_password_and_uninstall_keeps_the_secret() 
     );
 }
 
+/// Mutual TLS and the README's least-privilege user, both from Secrets: the chart's replicas
+/// verify the nodes with the CA Secret, show the client certificate from theirs, log in as the
+/// ACL user, become Ready (a quorum answers them) and run each due time once; no node denied
+/// anything.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mutual_tls_and_the_acl_user_from_secrets() {
+    use support::pki::{TestCa, Validity};
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let local = helm_cluster().await;
+    let tools = Tools::new(local);
+    let cluster = Cluster::local("helm").await;
+    let home = cluster.namespace.clone();
+
+    let ca = TestCa::new("lock-nodes");
+    let server = ca.server("lock-node", &["127.0.0.1"], Validity::Current);
+    let client = ca.client("lockedjob-operator");
+    let tls = support::NodeTls {
+        cert_file: server.cert.clone(),
+        key_file: server.key.clone(),
+        ca_file: ca.ca_file.clone(),
+        require_client_cert: true,
+        client: Some((client.cert.clone(), client.key.clone())),
+        host: "127.0.0.1".into(),
+    };
+    let nodes = RedisNodes::start_tls(3, Persistence::AppendFsyncAlways, &tls).expect("nodes");
+    let password = format!("pw-{:016x}", rand::random::<u64>());
+    support::create_acl_user(&nodes, &support::readme_acl_setuser(&password));
+    // The default user keeps what the test's own checks use and nothing the engine needs: a
+    // replica that logged in as it would be denied, not quietly let in.
+    for node in &nodes.nodes {
+        node.command::<()>(&[
+            "ACL",
+            "SETUSER",
+            "default",
+            "resetkeys",
+            "resetchannels",
+            "-@all",
+            "+ping",
+            "+acl",
+        ])
+        .expect("restrict the default user");
+    }
+
+    let secrets: Api<Secret> = cluster.api();
+    let file = |path: &Path| std::fs::read_to_string(path).expect("read a PEM file");
+    for (name, data) in [
+        (
+            "lock-nodes-acl",
+            vec![
+                ("username", "lockedjob".to_string()),
+                ("password", password.clone()),
+            ],
+        ),
+        ("lock-nodes-tls", vec![("ca.crt", file(&ca.ca_file))]),
+        (
+            "lockedjob-client",
+            vec![
+                ("tls.crt", file(&client.cert)),
+                ("tls.key", file(&client.key)),
+            ],
+        ),
+    ] {
+        let secret = Secret {
+            metadata: kube::api::ObjectMeta {
+                name: Some(name.into()),
+                ..Default::default()
+            },
+            string_data: Some(data.into_iter().map(|(k, v)| (k.to_string(), v)).collect()),
+            ..Default::default()
+        };
+        secrets
+            .create(&PostParams::default(), &secret)
+            .await
+            .expect("create a Secret");
+    }
+
+    let watch = format!("watchNamespaces=[\"{home}\"]");
+    let release = Release::install(
+        &tools,
+        "secured",
+        &home,
+        &nodes,
+        &[
+            "--set-json",
+            &watch,
+            "--set",
+            "redis.auth.existingSecret=lock-nodes-acl,redis.auth.usernameKey=username",
+            "--set",
+            "redis.tls.enabled=true,redis.tls.existingSecret=lock-nodes-tls,redis.tls.clientSecret=lockedjob-client",
+        ],
+    );
+    tools.rollout(&home, &fullname(&release.name));
+
+    let api: Api<LockedJob> = cluster.api();
+    let journal = Journal::new(vec![cluster.api()]);
+    api.create(
+        &PostParams::default(),
+        &cluster.journaled("over-tls", &cluster.every(2), "local", None, 0.5),
+    )
+    .await
+    .expect("create");
+    let enough = journal
+        .wait_for(Duration::from_secs(120), |runs| runs.len() >= 3)
+        .await;
+    let runs = journal.runs().await;
+    check(&runs).unwrap_or_else(|e| panic!("{e}"));
+    assert!(
+        enough,
+        "3 runs over mutual TLS within 2 minutes, got {}",
+        runs.len()
+    );
+    assert_eq!(
+        support::acl_denials(&nodes),
+        Vec::<String>::new(),
+        "the operator needed no right beyond the README's"
+    );
+    api.delete("over-tls", &DeleteParams::default())
+        .await
+        .expect("delete");
+}
+
 /// The ServiceMonitor and PrometheusRule CRDs (scripts/monitoring-crds.sh fetches them from
 /// the Go module proxy; `$LOCKEDJOB_MONITORING_CRDS` names the directory).
 fn monitoring_crds() -> PathBuf {

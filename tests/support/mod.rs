@@ -71,3 +71,48 @@ pub fn lockedjob_bin() -> std::path::PathBuf {
 pub fn free_port() -> u16 {
     lockedjob::lab::harness::free_port().expect("a free loopback port")
 }
+
+/// The README's least-privilege `ACL SETUSER` line (after its marker), split into arguments,
+/// with `password` for `<password>`: tests create exactly the documented user.
+pub fn readme_acl_setuser(password: &str) -> Vec<String> {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
+        .expect("README.md");
+    let (_, after) = readme
+        .split_once("<!-- tests/acl.rs runs the next line")
+        .expect("the README marks its ACL line");
+    let line = after
+        .lines()
+        .find(|line| line.starts_with("ACL SETUSER"))
+        .expect("an ACL SETUSER line after the marker");
+    line.split_whitespace()
+        .map(|word| word.replace("<password>", password))
+        .collect()
+}
+
+/// Creates (or replaces) the README's user on every node.
+pub fn create_acl_user(nodes: &RedisNodes, acl: &[String]) {
+    let args: Vec<&str> = acl.iter().map(String::as_str).collect();
+    let user = args.get(2).copied().expect("ACL SETUSER <user> ...");
+    for node in &nodes.nodes {
+        node.command::<()>(&["ACL", "DELUSER", user])
+            .unwrap_or_else(|e| panic!("ACL DELUSER on {}: {e}", node.url()));
+        node.command::<()>(&args)
+            .unwrap_or_else(|e| panic!("ACL SETUSER on {}: {e}", node.url()));
+        node.command::<()>(&["ACL", "LOG", "RESET"])
+            .unwrap_or_else(|e| panic!("ACL LOG RESET on {}: {e}", node.url()));
+    }
+}
+
+/// What the nodes' ACLs denied since the last reset (`ACL LOG`), one entry a line.
+pub fn acl_denials(nodes: &RedisNodes) -> Vec<String> {
+    nodes
+        .nodes
+        .iter()
+        .flat_map(|node| {
+            node.command::<Vec<redis::Value>>(&["ACL", "LOG"])
+                .unwrap_or_else(|e| panic!("ACL LOG on {}: {e}", node.url()))
+                .into_iter()
+                .map(|entry| format!("{entry:?}"))
+        })
+        .collect()
+}
