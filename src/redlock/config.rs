@@ -179,13 +179,12 @@ fn parse_node(url: &str, credentials: &Credentials) -> Result<ParsedNode, Config
     })
 }
 
-/// Hides the password of a URL for error messages.
+/// Hides the credentials of a URL for error messages, with or without a scheme.
 fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme_end), Some(at)) if at > scheme_end => {
-            format!("{}://***@{}", &url[..scheme_end], &url[at + 1..])
-        }
-        _ => url.to_string(),
+    let start = url.find("://").map_or(0, |i| i + 3);
+    match url[start..].rfind('@') {
+        Some(at) => format!("{}***@{}", &url[..start], &url[start + at + 1..]),
+        None => url.to_string(),
     }
 }
 
