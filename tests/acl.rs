@@ -179,3 +179,30 @@ async fn each_missing_right_fails_the_call_with_a_message_naming_it() {
         );
     }
 }
+
+#[tokio::test]
+async fn a_wrong_password_or_unknown_user_is_reported_as_authentication() {
+    let nodes = RedisNodes::start(3, Persistence::None).expect("redis nodes");
+    create_user(&nodes, &documented_acl());
+    for (user, password) in [(USER, "not-the-password"), ("nobody", PASSWORD)] {
+        let mut config = RedlockConfig::new(nodes.urls());
+        config.credentials = Credentials {
+            username: Some(user.into()),
+            password: Some(password.into()),
+        };
+        config.request_timeout = Duration::from_secs(2);
+        let engine = Redlock::new(config).expect("valid config");
+        let err = bounded(user, engine.try_acquire("acl", TTL))
+            .await
+            .expect_err("refused");
+        let message = err.to_string();
+        assert!(
+            message.contains("authentication failed (check the Redis user/password)"),
+            "{user}: {message}"
+        );
+        assert!(
+            !message.contains(password),
+            "{user}: the password leaked: {message}"
+        );
+    }
+}

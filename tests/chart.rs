@@ -572,3 +572,26 @@ fn dockerfile_builds_the_binary_into_a_non_root_image() {
         );
     }
 }
+
+/// TLS on with a plain-text external node would send the lock traffic in the clear to that
+/// node: the chart refuses to render, naming it.
+#[test]
+fn tls_with_a_plain_text_external_node_is_refused() {
+    let out = helm()
+        .args(["template", "t", "--namespace", "locks"])
+        .args(["--set", "redis.enabled=false"])
+        .args([
+            "--set-json",
+            r#"redis.external=["rediss://a.example:6379","redis://b.example:6379","rediss://c.example:6379"]"#,
+        ])
+        .args(["--set", "redis.tls.enabled=true,redis.tls.existingSecret=ca"])
+        .arg(repo(CHART))
+        .output()
+        .expect("helm template");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("must be rediss://, got redis://b.example:6379"),
+        "{stderr}"
+    );
+}
