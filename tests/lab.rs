@@ -13,6 +13,10 @@ use std::sync::Mutex;
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
 fn lab(scenario: &str, seconds: u64) -> serde_json::Value {
+    lab_with(scenario, seconds, &[])
+}
+
+fn lab_with(scenario: &str, seconds: u64, extra: &[&std::ffi::OsStr]) -> serde_json::Value {
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
     let out = tempfile::tempdir().expect("temp dir");
     // A 2 s TTL leaves the watchdog 200 ms between giving up and the deadline, so a loaded
@@ -28,6 +32,7 @@ fn lab(scenario: &str, seconds: u64) -> serde_json::Value {
         ])
         .arg("--out")
         .arg(out.path())
+        .args(extra)
         .output()
         .expect("run lockedjob lab");
     let stderr = String::from_utf8_lossy(&run.stderr);
@@ -96,4 +101,28 @@ fn slow_network_fails_acquisitions_instead_of_granting_expired_leases() {
     assert_safe_and_busy(&report);
     assert!(count(&report, "acquire_failures") >= 1, "{report:#}");
     assert_eq!(report["violations"]["no_validity"], 0);
+}
+
+/// The partition scenario with the lock nodes serving TLS only: the fault proxies pass TLS
+/// through, the clients verify the nodes with the CA, and the verdict is the same.
+#[test]
+fn partition_over_tls_is_safe_too() {
+    use support::pki::{TestCa, Validity};
+    let ca = TestCa::new("lab");
+    let server = ca.server("lab-node", &["127.0.0.1"], Validity::Current);
+    let dir = tempfile::tempdir().expect("temp dir");
+    for (from, to) in [
+        (&server.cert, "tls.crt"),
+        (&server.key, "tls.key"),
+        (&ca.ca_file, "ca.crt"),
+    ] {
+        std::fs::copy(from, dir.path().join(to)).expect("copy a PEM file");
+    }
+    let report = lab_with(
+        "partition",
+        12,
+        &["--tls-dir".as_ref(), dir.path().as_os_str()],
+    );
+    assert_eq!(report["parameters"]["tls"], true);
+    assert_safe_and_busy(&report);
 }

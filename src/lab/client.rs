@@ -32,6 +32,9 @@ pub struct ClientArgs {
     pub work_ms: u64,
     #[arg(long, default_value_t = 100)]
     pub request_timeout_ms: u64,
+    /// CA that verifies rediss:// lock nodes (the lab's --tls-dir).
+    #[arg(long)]
+    pub redis_ca_file: Option<std::path::PathBuf>,
 }
 
 /// The fenced write: taken only if no larger token wrote before. Logs every attempt, in the
@@ -86,6 +89,7 @@ pub async fn run(args: ClientArgs) -> i32 {
     let mut config = RedlockConfig::new(args.nodes.clone());
     config.request_timeout = Duration::from_millis(args.request_timeout_ms);
     config.holder = format!("{HOLDER_PREFIX}{id}");
+    config.tls.ca_file = args.redis_ca_file.clone();
     let engine = match Redlock::new(config) {
         Ok(engine) => engine,
         Err(e) => {

@@ -112,6 +112,10 @@ pub struct LabArgs {
     /// Lock TTL in milliseconds; faults are timed in multiples of it.
     #[arg(long, default_value_t = 1000)]
     pub ttl_ms: u64,
+    /// Run the lock nodes with TLS only, from tls.crt, tls.key and ca.crt in this directory
+    /// (the certificate must name IP 127.0.0.1); clients verify them with ca.crt.
+    #[arg(long)]
+    pub tls_dir: Option<PathBuf>,
 }
 
 /// What went wrong running the lab.
@@ -187,6 +191,13 @@ pub fn run(args: LabArgs) -> i32 {
         eprintln!("lockedjob lab: needs --clients >= 2, --seconds >= 3, --ttl-ms >= 200");
         return EXIT_USAGE;
     }
+    let tls = match args.tls_dir.as_deref().map(node_tls).transpose() {
+        Ok(tls) => tls,
+        Err(message) => {
+            eprintln!("lockedjob lab: {message}");
+            return EXIT_USAGE;
+        }
+    };
     let scenarios: Vec<Scenario> = if args.scenario == Scenario::All {
         Scenario::EACH.to_vec()
     } else {
@@ -203,7 +214,7 @@ pub fn run(args: LabArgs) -> i32 {
         } else {
             args.out.clone()
         };
-        match run_one(scenario, &args, &out) {
+        match run_one(scenario, &args, tls.as_ref(), &out) {
             Ok(_) if scenarios::interrupted() => return EXIT_UNEXPECTED,
             Ok(true) => {}
             Ok(false) => code = EXIT_UNEXPECTED,
@@ -216,14 +227,40 @@ pub fn run(args: LabArgs) -> i32 {
     code
 }
 
-fn run_one(scenario: Scenario, args: &LabArgs, out: &Path) -> Result<bool, LabError> {
-    let parameters = scenarios::Parameters::for_scenario(
+/// The lab's nodes' TLS from a directory laid out like a cert-manager Secret.
+fn node_tls(dir: &Path) -> Result<harness::NodeTls, String> {
+    for file in ["tls.crt", "tls.key", "ca.crt"] {
+        if !dir.join(file).is_file() {
+            return Err(format!(
+                "--tls-dir {}: {file} is missing (needs tls.crt, tls.key and ca.crt)",
+                dir.display()
+            ));
+        }
+    }
+    Ok(harness::NodeTls {
+        cert_file: dir.join("tls.crt"),
+        key_file: dir.join("tls.key"),
+        ca_file: dir.join("ca.crt"),
+        require_client_cert: false,
+        client: None,
+        host: "127.0.0.1".into(),
+    })
+}
+
+fn run_one(
+    scenario: Scenario,
+    args: &LabArgs,
+    tls: Option<&harness::NodeTls>,
+    out: &Path,
+) -> Result<bool, LabError> {
+    let mut parameters = scenarios::Parameters::for_scenario(
         scenario,
         args.clients,
         args.nodes,
         args.seconds,
         args.ttl_ms,
     );
+    parameters.tls = tls.cloned();
     eprintln!(
         "lockedjob lab {}: {} clients, {} nodes, {} s, TTL {} ms ...",
         scenario.name(),

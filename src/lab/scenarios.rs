@@ -2,7 +2,9 @@
 //! a schedule while the clients run, and collects the history.
 
 use super::client::{HOLDER_PREFIX, STORE_LOG_KEY};
-use super::harness::{FaultProxy, HarnessError, Persistence, ProxyMode, RedisNode, RedisNodes};
+use super::harness::{
+    FaultProxy, HarnessError, NodeTls, Persistence, ProxyMode, RedisNode, RedisNodes,
+};
 use super::history::{monotonic_us, ClientEvent, Fault, History, NodeEvent, NodeState, StoreWrite};
 use super::{LabError, Scenario};
 use crate::redlock::DEFAULT_KEY_PREFIX;
@@ -26,6 +28,16 @@ pub struct Parameters {
     pub persistence: &'static str,
     /// How long a killed node stays down before it restarts (node-crash).
     pub restart_delay_ms: u64,
+    /// Lock nodes serve TLS only (`--tls-dir`).
+    #[serde(serialize_with = "serialize_is_some")]
+    pub tls: Option<NodeTls>,
+}
+
+fn serialize_is_some<S: serde::Serializer>(
+    tls: &Option<NodeTls>,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    serializer.serialize_bool(tls.is_some())
 }
 
 impl Parameters {
@@ -60,6 +72,7 @@ impl Parameters {
                 Persistence::AppendFsyncAlways => "appendonly yes, appendfsync always",
             },
             restart_delay_ms: ttl_ms + ttl_ms / 2,
+            tls: None,
         }
     }
 }
@@ -189,9 +202,12 @@ impl Run {
 }
 
 fn start(scenario: Scenario, p: &Parameters) -> Result<Run, LabError> {
-    let nodes = RedisNodes::start_where(p.nodes as usize, scenario.persistence(), |i| {
-        scenario == Scenario::ClockJump && i == 2
-    })?;
+    let nodes = RedisNodes::start_with(
+        p.nodes as usize,
+        scenario.persistence(),
+        |i| scenario == Scenario::ClockJump && i == 2,
+        p.tls.as_ref(),
+    )?;
     let store = RedisNode::start(Persistence::None)?;
     let proxies = if matches!(
         scenario,
@@ -224,10 +240,16 @@ fn start(scenario: Scenario, p: &Parameters) -> Result<Run, LabError> {
     };
     for id in 0..p.clients {
         let urls: Vec<String> = match run.proxies.get(id as usize) {
+            // A proxy passes TLS through; the client still verifies the node's certificate.
+            Some(paths) if p.tls.is_some() => paths
+                .iter()
+                .map(|proxy| format!("rediss://{}", proxy.addr()))
+                .collect(),
             Some(paths) => paths.iter().map(FaultProxy::url).collect(),
             None => run.nodes.urls(),
         };
-        let mut child = Command::new(&exe)
+        let mut client = Command::new(&exe);
+        client
             .arg("lab-client")
             .args(["--id", &id.to_string()])
             .args(["--nodes", &urls.join(",")])
@@ -236,7 +258,11 @@ fn start(scenario: Scenario, p: &Parameters) -> Result<Run, LabError> {
             .args(["--ttl-ms", &p.ttl_ms.to_string()])
             .args(["--hold-ms", &p.hold_ms.to_string()])
             .args(["--work-ms", &p.work_ms.to_string()])
-            .args(["--request-timeout-ms", &p.request_timeout_ms.to_string()])
+            .args(["--request-timeout-ms", &p.request_timeout_ms.to_string()]);
+        if let Some(tls) = &p.tls {
+            client.arg("--redis-ca-file").arg(&tls.ca_file);
+        }
+        let mut child = client
             // Everything a client does is in its history; its logs would only repeat it.
             .env("RUST_LOG", "off")
             // The client stops when this pipe closes: also when the lab dies without cleaning up.

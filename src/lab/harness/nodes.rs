@@ -339,7 +339,7 @@ pub struct RedisNodes {
 
 impl RedisNodes {
     pub fn start(count: usize, persistence: Persistence) -> Result<Self, HarnessError> {
-        Self::start_inner(count, persistence, |_| false, None)
+        Self::start_with(count, persistence, |_| false, None)
     }
 
     /// Starts `count` nodes, those for which `skewable(index)` holds with a movable clock.
@@ -348,7 +348,7 @@ impl RedisNodes {
         persistence: Persistence,
         skewable: impl Fn(usize) -> bool + Sync,
     ) -> Result<Self, HarnessError> {
-        Self::start_inner(count, persistence, skewable, None)
+        Self::start_with(count, persistence, skewable, None)
     }
 
     /// `count` nodes that speak TLS only, all with the same certificate.
@@ -357,10 +357,12 @@ impl RedisNodes {
         persistence: Persistence,
         tls: &NodeTls,
     ) -> Result<Self, HarnessError> {
-        Self::start_inner(count, persistence, |_| false, Some(tls))
+        Self::start_with(count, persistence, |_| false, Some(tls))
     }
 
-    fn start_inner(
+    /// `count` nodes, those for which `skewable(index)` holds with a movable clock, all
+    /// serving TLS only when `tls` is given.
+    pub fn start_with(
         count: usize,
         persistence: Persistence,
         skewable: impl Fn(usize) -> bool + Sync,
