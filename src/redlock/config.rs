@@ -179,13 +179,17 @@ fn parse_node(url: &str, credentials: &Credentials) -> Result<ParsedNode, Config
     })
 }
 
-/// Hides the credentials of a URL for error messages, with or without a scheme.
+/// Hides the credentials of a URL for error messages: everything before the last `@`, after
+/// the scheme when the scheme comes first, whatever else the text looks like.
 fn redact(url: &str) -> String {
-    let start = url.find("://").map_or(0, |i| i + 3);
-    match url[start..].rfind('@') {
-        Some(at) => format!("{}***@{}", &url[..start], &url[start + at + 1..]),
-        None => url.to_string(),
-    }
+    let Some(at) = url.rfind('@') else {
+        return url.to_string();
+    };
+    let start = url
+        .find("://")
+        .filter(|&scheme_end| scheme_end < at)
+        .map_or(0, |scheme_end| scheme_end + 3);
+    format!("{}***@{}", &url[..start], &url[at + 1..])
 }
 
 /// Lease timing: TTL, how often the watchdog renews, and how long before the deadline it gives
@@ -252,6 +256,8 @@ mod tests {
             (&["http://a:1"], Err("scheme must be redis://")),
             (&["redis://a:1", "redis://a:1"], Err("listed twice")),
             (&["redis://:secret@a:notaport"], Err("not valid")),
+            // Found by the redis_url fuzzer: "://" after the '@' left the password shown.
+            (&["rfie:s//a:6380/secret123@b:6380/:s//a:63://x"], Err("scheme")),
         ];
         for (nodes, expected) in table {
             let got = config(nodes).parse_nodes();
