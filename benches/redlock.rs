@@ -24,7 +24,7 @@ struct Stats {
     ops_per_sec: f64,
 }
 
-/// Runs `ops` acquire+release operations spread over `tasks` tasks on distinct keys.
+/// Runs `ops` acquire+release operations spread over `tasks` tasks, each on its own key.
 async fn measure<F, Fut>(tasks: usize, ops: usize, op: F) -> Stats
 where
     F: Fn(String) -> Fut + Send + Sync + 'static,
@@ -38,8 +38,12 @@ where
             let op = Arc::clone(&op);
             tokio::spawn(async move {
                 let mut latencies = Vec::with_capacity(per_task);
-                for i in 0..per_task {
-                    let key = format!("bench-{t}-{i}");
+                // One lock name a task, reused as real lock names are: a fencing engine keeps
+                // each name's fence for good, so a fresh name per operation would measure a
+                // growing keyspace rather than locking.
+                let key = format!("bench-{t}");
+                for _ in 0..per_task {
+                    let key = key.clone();
                     let begun = Instant::now();
                     op(key).await;
                     latencies.push(begun.elapsed());
@@ -127,7 +131,7 @@ async fn bench_bare(url: String, tasks: usize, ops: usize) -> Stats {
                 .query_async(&mut conn)
                 .await
                 .expect("bare SET");
-            assert!(set.is_some(), "bare SET NX on a fresh key");
+            assert!(set.is_some(), "bare SET NX on a released key");
             let _: i64 = delete
                 .key(&key)
                 .arg(&value)
@@ -143,9 +147,32 @@ fn ms(d: Duration) -> String {
     format!("{:.3}", d.as_secs_f64() * 1000.0)
 }
 
+/// `BENCH_ONLY=lockedjob|rslock`: that variant alone, 64 tasks on 5 nodes, for a profiler:
+/// `BENCH_ONLY=lockedjob BENCH_OPS=40000 perf record -g target/release/deps/redlock-* --bench`.
+async fn profile_one(variant: &str, ops: usize) {
+    let nodes = RedisNodes::start(5, Persistence::None).expect("start redis-server");
+    let stats = match variant {
+        "lockedjob" => bench_engine(nodes.urls(), false, CONCURRENCY, ops).await,
+        "rslock" => bench_rslock(nodes.urls(), CONCURRENCY, ops).await,
+        other => panic!("BENCH_ONLY={other}: use lockedjob or rslock"),
+    };
+    println!(
+        "{variant}: 5 nodes, {CONCURRENCY} tasks, {ops} ops: p50 {} ms, {:.0} ops/s",
+        ms(stats.p50),
+        stats.ops_per_sec
+    );
+}
+
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let full = std::env::args().any(|a| a == "--bench");
+    if let Ok(variant) = std::env::var("BENCH_ONLY") {
+        let ops = std::env::var("BENCH_OPS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(40_000);
+        return profile_one(&variant, ops).await;
+    }
     let ops: usize = std::env::var("BENCH_OPS")
         .ok()
         .and_then(|v| v.parse().ok())

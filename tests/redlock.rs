@@ -683,3 +683,108 @@ async fn keys_of_the_wrong_type_or_value_fail_the_attempt_instead_of_issuing_a_t
     assert_eq!(lease.token(), 8);
     engine.release(&lease).await;
 }
+
+/// Phase-2 (fallback) node requests an engine has made: `lockedjob_redis_requests_total{op="fence"}`.
+fn fence_requests(engine: &Redlock) -> u64 {
+    engine
+        .metrics()
+        .render()
+        .lines()
+        .find(|line| line.starts_with("lockedjob_redis_requests_total{op=\"fence\"}"))
+        .and_then(|line| line.rsplit(' ').next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// The token is settled in phase 1 when this engine's proposal (one above the last token it
+/// saw) is still above the fence on a quorum; when another client went higher meanwhile, the
+/// proposal falls short and phase 2 issues a token above everything seen. Tokens grow either way.
+#[tokio::test]
+async fn phase_one_settles_the_token_unless_another_client_went_higher() {
+    let nodes = RedisNodes::start(3, Persistence::None).expect("start redis-server");
+    let a = engine(nodes.urls(), "test/a");
+    let b = engine(nodes.urls(), "test/b");
+    let mut tokens = Vec::new();
+    // (engine, expected token, phase 2 needed)
+    let steps: [(&Redlock, u64, bool); 5] = [
+        (&a, 1, false), // a fresh lock: proposal 1 holds
+        (&a, 2, false), // a saw 1: proposes 2
+        (&b, 3, true),  // b never saw this lock: proposes 1, the fence is 2
+        (&a, 4, true),  // a saw 2, proposes 3; b took 3
+        (&a, 5, false), // a saw 4
+    ];
+    for (i, (engine, token, fallback)) in steps.into_iter().enumerate() {
+        let before = fence_requests(engine);
+        let lease = engine
+            .try_acquire("proposal", 10 * SECOND)
+            .await
+            .unwrap_or_else(|e| panic!("step {i}: {e}"));
+        assert_eq!(lease.token(), token, "step {i}");
+        assert_eq!(
+            fence_requests(engine) > before,
+            fallback,
+            "step {i}: phase 2 used?"
+        );
+        tokens.push(lease.token());
+        engine.release(&lease).await;
+    }
+    assert!(tokens.windows(2).all(|w| w[0] < w[1]), "{tokens:?}");
+
+    // Two engines that both saw token 5 race with the same proposal: whoever reaches a node
+    // first takes its lock and its fence, so at most one can hold a quorum of both.
+    let (first, second) = tokio::join!(
+        a.try_acquire("proposal", 10 * SECOND),
+        b.try_acquire("proposal", 10 * SECOND)
+    );
+    let winners: Vec<u64> = [&first, &second]
+        .into_iter()
+        .filter_map(|r| r.as_ref().ok().map(|l| l.token()))
+        .collect();
+    assert!(winners.len() <= 1, "two holders: {first:?} {second:?}");
+    assert!(winners.iter().all(|&t| t > 5), "{winners:?}");
+    for lease in [first, second].into_iter().flatten() {
+        a.release(&lease).await;
+    }
+}
+
+/// Kleppmann's clock jump: a holder with exactly a quorum, one of whose nodes' clock jumps past
+/// the TTL; a second client then gets a quorum too (Redlock's known overlap). Its proposal
+/// falls short on the node the first holder fenced, and phase 2 gives it a token above the
+/// first holder's, so fenced storage refuses the first.
+#[tokio::test]
+async fn after_a_clock_jump_the_second_holder_still_gets_the_larger_token() {
+    let mut nodes =
+        RedisNodes::start_where(5, Persistence::None, |i| i == 2).expect("start redis-server");
+    let first = engine(nodes.urls(), "test/first");
+    let second = engine(nodes.urls(), "test/second");
+    // The first holder reaches nodes 0-2 only.
+    nodes[3].pause().expect("pause");
+    nodes[4].pause().expect("pause");
+    let held = first
+        .try_acquire("jump", 10 * SECOND)
+        .await
+        .expect("quorum of 3 of 5");
+    nodes[3].resume().expect("resume");
+    nodes[4].resume().expect("resume");
+    // Node 2's clock jumps past the TTL: it forgets the first holder's key.
+    nodes[2]
+        .shift_clock(60 * SECOND)
+        .expect("move node 2's clock");
+    let before = fence_requests(&second);
+    let overlapping = second
+        .try_acquire("jump", 10 * SECOND)
+        .await
+        .expect("nodes 2-4 grant the lock: the overlap Redlock cannot prevent");
+    assert!(
+        fence_requests(&second) > before,
+        "the proposal fell short on node 2 and phase 2 issued the token"
+    );
+    assert!(
+        overlapping.token() > held.token(),
+        "second {} must exceed first {}",
+        overlapping.token(),
+        held.token()
+    );
+    nodes[2]
+        .shift_clock(Duration::ZERO)
+        .expect("reset the clock");
+}

@@ -257,7 +257,10 @@ mod tests {
             (&["redis://a:1", "redis://a:1"], Err("listed twice")),
             (&["redis://:secret@a:notaport"], Err("not valid")),
             // Found by the redis_url fuzzer: "://" after the '@' left the password shown.
-            (&["rfie:s//a:6380/secret123@b:6380/:s//a:63://x"], Err("scheme")),
+            (
+                &["rfie:s//a:6380/secret123@b:6380/:s//a:63://x"],
+                Err("scheme"),
+            ),
         ];
         for (nodes, expected) in table {
             let got = config(nodes).parse_nodes();

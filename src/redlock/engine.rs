@@ -4,18 +4,21 @@ use super::config::RedlockConfig;
 use super::error::ConfigError;
 use super::error::{Failures, LockError, NodeErrorKind, NodeFailure};
 use super::lease::Lease;
-use super::node::{Node, Request};
+use super::node::Node;
 use super::scripts;
 use super::timing::{backoff, drift_allowance, may_hold_quorum, quorum, validity};
 use crate::metrics::{Metrics, Outcome};
 use futures::future::join_all;
 use redis::FromRedisValue;
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// Phase-2 rounds before a token conflict is reported instead of retried.
 const MAX_FENCE_ROUNDS: u32 = 3;
+
+/// Lock names whose last token the engine remembers for its proposals.
+const SEEN_TOKENS_LIMIT: usize = 4096;
 
 /// The lock engine. Cheap to clone; clones share connections.
 #[derive(Clone)]
@@ -30,6 +33,15 @@ struct Inner {
     /// When false, requests go to one node after the other (only for the benchmark's baseline).
     parallel: bool,
     metrics: Metrics,
+    /// The highest token seen per lock name, for proposing the next one in phase 1.
+    seen: Mutex<HashMap<String, u64>>,
+}
+
+/// Held for a map lookup or insert, never across an await; a poisoned map is still a map.
+fn lock_seen(
+    seen: &Mutex<HashMap<String, u64>>,
+) -> std::sync::MutexGuard<'_, HashMap<String, u64>> {
+    seen.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// What each node said in one round.
@@ -67,6 +79,7 @@ impl Redlock {
                 config,
                 parallel: true,
                 metrics,
+                seen: Mutex::new(HashMap::new()),
             }),
         })
     }
@@ -204,45 +217,39 @@ impl Redlock {
         let ttl_ms = ttl.as_millis().max(1) as u64;
         let start = Instant::now();
 
-        // Phase 1: take the lock and read the fence where it was free. Plain commands in one
-        // pipeline, cheaper for the node than a script: the GET runs after our SET on the same
-        // connection, and the only write that can come between is another acquirer raising
-        // the fence, which can only make what we read larger.
-        let mut grant = redis::pipe();
-        grant
-            .cmd("SET")
-            .arg(&lock_key)
-            .arg(&value)
-            .arg("NX")
-            .arg("PX")
-            .arg(ttl_ms)
-            .cmd("GET")
-            .arg(&fence_key)
-            .cmd("GET")
-            .arg(&progress_key)
-            // Who holds the key where ours was refused: tells a holder from a split vote.
-            .cmd("GET")
-            .arg(&lock_key);
+        // Phase 1, one script a node: take the lock, read the fence and the progress register,
+        // and where the lock was granted and the fence is below our proposal, raise the fence
+        // to it. A proposal raised from below on a quorum is the token, in one round
+        // (docs/design.md, "Acquire").
+        let proposal = self.proposal(name);
+        let mut grant = scripts::ACQUIRE.prepare_invoke();
+        grant.key(&lock_key).key(&fence_key);
+        if step.is_some() {
+            grant.key(&progress_key);
+        }
+        grant.arg(&value).arg(ttl_ms).arg(proposal);
         let phase1 = self
-            .round::<(Option<String>, Option<u64>, Option<u64>, Option<String>)>(
-                "acquire",
-                Request::Pipeline(&grant),
-                None,
-            )
+            .round::<(i64, Option<u64>, Option<u64>, i64, Option<String>)>("acquire", &grant, None)
             .await;
         let mut failures = phase1.failures;
         let mut held = 0;
-        let mut fences = Vec::with_capacity(phase1.replies.len());
+        let mut granted = 0;
+        let mut raised = 0;
+        // The largest fence any answering node reported: every token this engine may return
+        // must exceed it (and the next proposal should).
+        let mut highest_fence = 0;
         let mut done = 0;
         let mut refused = vec![false; self.inner.nodes.len()];
         let answered = phase1.replies.len();
         let mut other_values: HashMap<String, usize> = HashMap::new();
-        for (index, (set, fence, progress, current)) in phase1.replies {
+        for (index, (set, fence, progress, raised_here, current)) in phase1.replies {
             // Any node's progress was raised by a holder that started that step, so the
             // refusing nodes' values count too.
             done = done.max(progress.unwrap_or(0));
-            if set.is_some() {
-                fences.push(fence.unwrap_or(0));
+            highest_fence = highest_fence.max(fence.unwrap_or(0));
+            if set == 1 {
+                granted += 1;
+                raised += usize::from(raised_here == 1);
             } else {
                 held += 1;
                 refused[index] = true;
@@ -252,14 +259,15 @@ impl Redlock {
                 failures.push(self.failure(index, NodeErrorKind::WrongValue));
             }
         }
+        self.remember(name, highest_fence);
         let nodes = self.inner.nodes.len();
         let quorum = self.inner.quorum;
-        if fences.len() < quorum {
+        if granted < quorum {
             // A node whose SET NX answered nil holds no value of ours (the value is new for
             // this attempt), so it needs no delete; every other node does, including those
             // that did not answer. With several contenders this halves a loser's traffic.
             self.release_value_except(&lock_key, &value, &refused).await;
-            let (lock, granted) = (name.to_string(), fences.len());
+            let lock = name.to_string();
             let strongest_other = other_values.values().copied().max().unwrap_or(0);
             return Err(match held {
                 0 => LockError::NoQuorum {
@@ -300,50 +308,39 @@ impl Redlock {
             });
         }
 
-        // Phase 2: the token is above every fence a quorum reported; raise the fence to it on
-        // every node. A node whose fence was already at or above the token saw another
-        // acquisition issue it (a concurrent holder after a clock jump, or an attempt that
-        // failed half-way through its own phase 2): go again above what was seen, so that the
-        // token we return is the first to reach a quorum and therefore unique.
-        let mut token = fences.iter().copied().max().unwrap_or(0) + 1;
-        let mut rounds = 0;
-        loop {
-            rounds += 1;
-            let mut raise = scripts::FENCE.prepare_invoke();
-            raise.key(&fence_key).arg(token);
+        let token = if raised >= quorum {
+            // Raised from below on a quorum: above every token any earlier acquisition got
+            // to a quorum, and no other acquisition can raise this value on a quorum.
             if let Some(step) = step {
-                raise.key(&progress_key).arg(step);
-            }
-            let phase2 = self
-                .round::<i64>("fence", Request::Script(&raise), None)
-                .await;
-            let raised = phase2
-                .replies
-                .iter()
-                .filter(|(_, previous)| *previous < token as i64)
-                .count();
-            let seen = phase2.replies.iter().map(|(_, previous)| *previous).max();
-            if raised >= quorum {
-                break;
-            }
-            match seen {
-                Some(seen) if seen >= token as i64 && rounds < MAX_FENCE_ROUNDS => {
-                    token = seen as u64 + 1;
-                }
-                Some(seen) if seen >= token as i64 => {
-                    self.release_value(&lock_key, &value).await;
-                    return Err(LockError::FenceConflict {
-                        lock: name.to_string(),
-                        token,
-                        seen: seen as u64,
-                    });
-                }
-                _ => {
-                    self.release_value(&lock_key, &value).await;
-                    return Err(self.no_quorum(name, raised, phase2.failures));
+                // The progress register says a holder *started* the step, so it is raised only
+                // now that the lock is ours.
+                if let Err(err) = self.raise_progress(name, &progress_key, step).await {
+                    self.release_value_except(&lock_key, &value, &refused).await;
+                    return Err(err);
                 }
             }
-        }
+            proposal
+        } else {
+            // Phase 2: the proposal fell short (another client's token went higher, or too few
+            // nodes granted below it). Above everything seen, and above the proposal, which
+            // some nodes may now hold.
+            let floor = if raised > 0 {
+                highest_fence.max(proposal)
+            } else {
+                highest_fence
+            };
+            match self
+                .fence(name, &fence_key, &progress_key, floor + 1, step)
+                .await
+            {
+                Ok(token) => token,
+                Err(err) => {
+                    self.release_value_except(&lock_key, &value, &refused).await;
+                    return Err(err);
+                }
+            }
+        };
+        self.remember(name, token);
 
         let now = Instant::now();
         let elapsed = now - start;
@@ -351,13 +348,14 @@ impl Redlock {
             Some(left) => Ok(Lease {
                 name: name.to_string(),
                 value,
+                refused,
                 token,
                 ttl,
                 acquired_at: start,
                 deadline: now + left,
             }),
             None => {
-                self.release_value(&lock_key, &value).await;
+                self.release_value_except(&lock_key, &value, &refused).await;
                 Err(LockError::NoValidityLeft {
                     lock: name.to_string(),
                     elapsed,
@@ -365,6 +363,95 @@ impl Redlock {
                 })
             }
         }
+    }
+
+    /// Phase 2: raises the fence to `token`, or above what the nodes report, until a quorum
+    /// raised it from below: that makes the token unique. With a step, the progress register
+    /// is raised in the same script. Returns the token.
+    async fn fence(
+        &self,
+        name: &str,
+        fence_key: &str,
+        progress_key: &str,
+        mut token: u64,
+        step: Option<u64>,
+    ) -> Result<u64, LockError> {
+        let quorum = self.inner.quorum;
+        let mut rounds = 0;
+        loop {
+            rounds += 1;
+            let mut raise = scripts::FENCE.prepare_invoke();
+            raise.key(fence_key).arg(token);
+            if let Some(step) = step {
+                raise.key(progress_key).arg(step);
+            }
+            let phase2 = self.round::<i64>("fence", &raise, None).await;
+            let raised = phase2
+                .replies
+                .iter()
+                .filter(|(_, previous)| *previous < token as i64)
+                .count();
+            let seen = phase2.replies.iter().map(|(_, previous)| *previous).max();
+            if raised >= quorum {
+                return Ok(token);
+            }
+            match seen {
+                Some(seen) if seen >= token as i64 && rounds < MAX_FENCE_ROUNDS => {
+                    token = seen as u64 + 1;
+                }
+                Some(seen) if seen >= token as i64 => {
+                    self.remember(name, seen as u64);
+                    return Err(LockError::FenceConflict {
+                        lock: name.to_string(),
+                        token,
+                        seen: seen as u64,
+                    });
+                }
+                _ => return Err(self.no_quorum(name, raised, phase2.failures)),
+            }
+        }
+    }
+
+    /// Marks `step` started on a quorum (the token was settled in phase 1).
+    async fn raise_progress(
+        &self,
+        name: &str,
+        progress_key: &str,
+        step: u64,
+    ) -> Result<(), LockError> {
+        let mut raise = scripts::PROGRESS.prepare_invoke();
+        raise.key(progress_key).arg(step);
+        let round = self.round::<i64>("progress", &raise, None).await;
+        if round.replies.len() < self.inner.quorum {
+            return Err(self.no_quorum(name, round.replies.len(), round.failures));
+        }
+        Ok(())
+    }
+
+    /// The token to propose for `name`: one above the highest this engine has seen for it.
+    /// Right whenever this engine took the lock last or watched who did; otherwise phase 2
+    /// corrects it.
+    fn proposal(&self, name: &str) -> u64 {
+        lock_seen(&self.inner.seen)
+            .get(name)
+            .map_or(1, |seen| seen + 1)
+    }
+
+    fn remember(&self, name: &str, token: u64) {
+        let mut seen = lock_seen(&self.inner.seen);
+        if let Some(known) = seen.get_mut(name) {
+            *known = (*known).max(token);
+            return;
+        }
+        if token == 0 {
+            return;
+        }
+        // A bound for processes that use very many lock names (the benchmark); forgetting
+        // costs at most one extra round per name.
+        if seen.len() >= SEEN_TOKENS_LIMIT {
+            seen.clear();
+        }
+        seen.insert(name.to_string(), token);
     }
 
     /// Pushes the lease's expiry out by its TTL on a quorum, within the current validity. The new
@@ -390,9 +477,7 @@ impl Redlock {
         let ttl_ms = lease.ttl.as_millis().max(1) as u64;
         let mut invocation = scripts::EXTEND.prepare_invoke();
         invocation.key(&lock_key).arg(&lease.value).arg(ttl_ms);
-        let round = self
-            .round::<i64>("extend", Request::Script(&invocation), Some(left))
-            .await;
+        let round = self.round::<i64>("extend", &invocation, Some(left)).await;
         let mut failures = round.failures;
         let mut extended = 0;
         for (index, reply) in round.replies {
@@ -451,7 +536,7 @@ impl Redlock {
     /// failed is logged (its key stays until the TTL runs out, which delays the next holder).
     pub async fn release(&self, lease: &Lease) -> usize {
         let (released, failures) = self
-            .release_value_except(&self.lock_key(&lease.name), &lease.value, &[])
+            .release_value_except(&self.lock_key(&lease.name), &lease.value, &lease.refused)
             .await;
         if !failures.is_empty() {
             tracing::warn!(
@@ -464,14 +549,9 @@ impl Redlock {
         released
     }
 
-    /// Deletes `value` from every node, including those that said no or timed out: a SET may
-    /// have landed even though its reply was lost.
-    async fn release_value(&self, lock_key: &str, value: &str) -> usize {
-        self.release_value_except(lock_key, value, &[]).await.0
-    }
-
-    /// [`release_value`](Self::release_value), skipping the nodes marked in `skip` (indexed by
-    /// node; shorter means the rest are not skipped).
+    /// Deletes `value` from every node not marked in `skip` (indexed by node; shorter means the
+    /// rest are not skipped), including those that timed out: a SET may have landed even
+    /// though its reply was lost.
     async fn release_value_except(
         &self,
         lock_key: &str,
@@ -481,7 +561,7 @@ impl Redlock {
         let mut invocation = scripts::RELEASE.prepare_invoke();
         invocation.key(lock_key).arg(value);
         let round = self
-            .round_except::<i64>("release", Request::Script(&invocation), None, skip)
+            .round_except::<i64>("release", &invocation, None, skip)
             .await;
         let released = round.replies.iter().filter(|(_, n)| *n == 1).count();
         (released, round.failures)
@@ -490,9 +570,7 @@ impl Redlock {
     /// How many nodes answer a trivial script now (readiness, degraded-mode reporting).
     pub async fn reachable_nodes(&self) -> usize {
         let invocation = scripts::PING.prepare_invoke();
-        let round = self
-            .round::<i64>("probe", Request::Script(&invocation), None)
-            .await;
+        let round = self.round::<i64>("probe", &invocation, None).await;
         self.inner.metrics.set_nodes_reachable(round.replies.len());
         round.replies.len()
     }
@@ -504,7 +582,7 @@ impl Redlock {
         let mut invocation = scripts::GET.prepare_invoke();
         invocation.key(&lock_key);
         let round = self
-            .round::<Option<String>>("holder", Request::Script(&invocation), None)
+            .round::<Option<String>>("holder", &invocation, None)
             .await;
         let mut counts: Vec<(String, usize)> = Vec::new();
         for value in round.replies.into_iter().filter_map(|(_, v)| v) {
@@ -528,7 +606,7 @@ impl Redlock {
     async fn round<T: FromRedisValue + Send>(
         &self,
         op: &'static str,
-        request: Request<'_>,
+        request: &redis::ScriptInvocation<'_>,
         limit: Option<Duration>,
     ) -> Round<T> {
         self.round_except(op, request, limit, &[]).await
@@ -538,7 +616,7 @@ impl Redlock {
     async fn round_except<T: FromRedisValue + Send>(
         &self,
         op: &'static str,
-        request: Request<'_>,
+        request: &redis::ScriptInvocation<'_>,
         limit: Option<Duration>,
         skip: &[bool],
     ) -> Round<T> {

@@ -71,7 +71,9 @@ impl NodeErrorKind {
             ErrorKind::Server(ServerErrorKind::NoScript) => Self::NoScript,
             ErrorKind::Server(ServerErrorKind::BusyLoading) => Self::Loading,
             ErrorKind::Parse | ErrorKind::UnexpectedReturnType => Self::BadReply(err.to_string()),
-            _ if err.code() == Some("WRONGTYPE") => Self::BadReply(err.to_string()),
+            _ if matches!(err.code(), Some("WRONGTYPE" | "NOTATOKEN")) => {
+                Self::BadReply(err.to_string())
+            }
             _ if err.is_io_error() => Self::Refused,
             _ => {
                 let text = err.to_string();

@@ -8,6 +8,8 @@ use std::time::{Duration, Instant};
 pub struct Lease {
     pub(crate) name: String,
     pub(crate) value: String,
+    /// Nodes that refused the lock in phase 1 (they hold another value): a release skips them.
+    pub(crate) refused: Vec<bool>,
     pub(crate) token: u64,
     pub(crate) ttl: Duration,
     pub(crate) acquired_at: Instant,

@@ -12,14 +12,6 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-/// What one node is asked in a round.
-#[derive(Clone, Copy)]
-pub(crate) enum Request<'a> {
-    Script(&'a ScriptInvocation<'a>),
-    /// Plain commands in one round trip, where atomicity is not needed.
-    Pipeline(&'a redis::Pipeline),
-}
-
 type ConnectResult = Result<MultiplexedConnection, NodeErrorKind>;
 
 enum Slot {
@@ -74,16 +66,12 @@ impl Node {
     /// `limit`, e.g. what is left of a lease.
     pub(crate) async fn run_within<T: FromRedisValue>(
         &self,
-        request: Request<'_>,
+        request: &ScriptInvocation<'_>,
         limit: Duration,
     ) -> Result<T, NodeErrorKind> {
         let attempt = async {
             let (mut conn, generation) = self.connection().await?;
-            let reply = match request {
-                Request::Script(invocation) => invocation.invoke_async::<T>(&mut conn).await,
-                Request::Pipeline(pipeline) => pipeline.query_async::<T>(&mut conn).await,
-            };
-            match reply {
+            match request.invoke_async::<T>(&mut conn).await {
                 Ok(value) => Ok(value),
                 Err(err) => {
                     let kind = NodeErrorKind::from_redis(&err);

@@ -1,10 +1,46 @@
-//! The Lua scripts of the protocol (phase 1 of acquire needs none: see the engine). Each runs
+//! The Lua scripts of the protocol. Each runs
 //! atomically on one node. Every new connection
 //! loads them all first; requests then go by SHA (EVALSHA), and redis-rs reloads a script on
 //! NOSCRIPT (e.g. after `SCRIPT FLUSH`).
 
 use redis::Script;
 use std::sync::LazyLock;
+
+/// Phase 1 of acquire: take the lock, read the fence and the progress register, and where the
+/// lock was granted and the fence is below the proposed token, raise the fence to it. Reads
+/// come first so that a foreign value refuses the node before anything is written.
+/// KEYS: lock, fence [, progress (step acquisitions only)]. ARGV: value, ttl ms, proposed token.
+/// Returns {granted 0/1, fence before, progress, raised 0/1, current holder where refused}.
+const ACQUIRE_LUA: &str = r#"
+local fence = redis.call('GET', KEYS[2])
+local progress = false
+if KEYS[3] then
+  progress = redis.call('GET', KEYS[3])
+end
+if fence and not string.match(fence, '^%d+$') then
+  return redis.error_reply('NOTATOKEN ' .. KEYS[2] .. ' holds ' .. string.sub(fence, 1, 40))
+end
+if progress and not string.match(progress, '^%d+$') then
+  return redis.error_reply('NOTATOKEN ' .. KEYS[3] .. ' holds ' .. string.sub(progress, 1, 40))
+end
+if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  return {0, fence or false, progress or false, 0, redis.call('GET', KEYS[1])}
+end
+if tonumber(ARGV[3]) > tonumber(fence or '0') then
+  redis.call('SET', KEYS[2], ARGV[3])
+  return {1, fence or false, progress or false, 1, false}
+end
+return {1, fence or false, progress or false, 0, false}
+"#;
+
+/// Marks a step started when the token was settled in phase 1. KEYS: progress. ARGV: step.
+const PROGRESS_LUA: &str = r#"
+local done = tonumber(redis.call('GET', KEYS[1]) or '0')
+if tonumber(ARGV[1]) > done then
+  redis.call('SET', KEYS[1], ARGV[1])
+end
+return done
+"#;
 
 /// Phase 2: raise the fence to the new token (a max-register, so it is safe on every node),
 /// and, when a second key is given, the progress register to the step being started, in the
@@ -50,13 +86,17 @@ const PING_LUA: &str = "return 1";
 /// Reads the lock value ("who holds it") through the same bounded path as everything else.
 const GET_LUA: &str = "return redis.call('GET', KEYS[1])";
 
+pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE_LUA));
+pub(crate) static PROGRESS: LazyLock<Script> = LazyLock::new(|| Script::new(PROGRESS_LUA));
 pub(crate) static FENCE: LazyLock<Script> = LazyLock::new(|| Script::new(FENCE_LUA));
 pub(crate) static EXTEND: LazyLock<Script> = LazyLock::new(|| Script::new(EXTEND_LUA));
 pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE_LUA));
 pub(crate) static PING: LazyLock<Script> = LazyLock::new(|| Script::new(PING_LUA));
 pub(crate) static GET: LazyLock<Script> = LazyLock::new(|| Script::new(GET_LUA));
 
-const ALL: [(&str, &str); 5] = [
+const ALL: [(&str, &str); 7] = [
+    ("acquire", ACQUIRE_LUA),
+    ("progress", PROGRESS_LUA),
     ("fence", FENCE_LUA),
     ("extend", EXTEND_LUA),
     ("release", RELEASE_LUA),

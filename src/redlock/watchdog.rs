@@ -215,6 +215,7 @@ mod tests {
         ];
         for (age, due_in) in table {
             let lease = Lease {
+                refused: Vec::new(),
                 name: "n".into(),
                 value: "v".into(),
                 token: 1,
