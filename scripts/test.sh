@@ -36,6 +36,8 @@ export LOCKEDJOB_MONITORING_CRDS
 
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
+# The fuzz targets are their own workspace (nightly, scripts/fuzz.sh); keep them formatted too.
+cargo fmt --manifest-path fuzz/Cargo.toml -- --check
 echo "== cargo clippy"
 cargo clippy --locked --workspace --all-targets -- -D warnings
 echo "== benchmark smoke pass (cargo bench runs it in full)"
