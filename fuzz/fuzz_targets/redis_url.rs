@@ -8,15 +8,16 @@ use lockedjob::redlock::{split_node_list, Redlock, RedlockConfig};
 fuzz_target!(|data: &str| {
     let urls = split_node_list(data);
     if let Err(err) = Redlock::new(RedlockConfig::new(urls.clone())) {
-        let message = err.to_string();
+        // The hint "redis://[user:password@]host:port" is the message's own text.
+        let message = err.to_string().replace("[user:password@]", "");
         for url in &urls {
             // user:password@ in a URL: the password must not reach logs.
-            if let Some((_, password)) = url
-                .rsplit_once('@')
-                .and_then(|(userinfo, _)| userinfo.rsplit_once(':'))
-            {
-                if password.len() >= 8 && !password.contains("//") {
-                    assert!(!message.contains(password), "{message}");
+            // (The same text after the '@' is the host's, shown on purpose.)
+            if let Some((userinfo, host)) = url.rsplit_once('@') {
+                if let Some((_, password)) = userinfo.rsplit_once(':') {
+                    if password.len() >= 8 && !password.contains("//") && !host.contains(password) {
+                        assert!(!message.contains(password), "{message}");
+                    }
                 }
             }
         }

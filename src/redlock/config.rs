@@ -185,9 +185,16 @@ fn redact(url: &str) -> String {
     let Some(at) = url.rfind('@') else {
         return url.to_string();
     };
+    // Only a real scheme (letters, digits, + . -) stays visible; anything else before the
+    // '@' may be credentials.
     let start = url
         .find("://")
-        .filter(|&scheme_end| scheme_end < at)
+        .filter(|&scheme_end| {
+            scheme_end < at
+                && url[..scheme_end]
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "+.-".contains(c))
+        })
         .map_or(0, |scheme_end| scheme_end + 3);
     format!("{}***@{}", &url[..start], &url[at + 1..])
 }
