@@ -15,14 +15,6 @@ const TTL: Duration = Duration::from_secs(10);
 /// Bounds every call: a missing right must fail the call, not hang it.
 const NO_HANG: Duration = Duration::from_secs(15);
 
-fn documented_acl() -> Vec<String> {
-    support::readme_acl_setuser(PASSWORD)
-}
-
-fn create_user(nodes: &RedisNodes, acl: &[String]) {
-    support::create_acl_user(nodes, acl);
-}
-
 fn engine(nodes: &RedisNodes) -> Redlock {
     let mut config = RedlockConfig::new(nodes.urls());
     config.credentials = Credentials {
@@ -35,10 +27,6 @@ fn engine(nodes: &RedisNodes) -> Redlock {
     Redlock::new(config).expect("valid config")
 }
 
-fn denials(nodes: &RedisNodes) -> Vec<String> {
-    support::acl_denials(nodes)
-}
-
 async fn bounded<T>(what: &str, call: impl std::future::Future<Output = T>) -> T {
     tokio::time::timeout(NO_HANG, call)
         .await
@@ -48,7 +36,7 @@ async fn bounded<T>(what: &str, call: impl std::future::Future<Output = T>) -> T
 #[tokio::test]
 async fn the_documented_user_is_enough_for_every_call_of_the_engine() {
     let nodes = RedisNodes::start(3, Persistence::None).expect("redis nodes");
-    create_user(&nodes, &documented_acl());
+    support::create_acl_user(&nodes, &support::readme_acl_setuser(PASSWORD));
     let engine = engine(&nodes);
 
     assert_eq!(bounded("probe", engine.reachable_nodes()).await, 3);
@@ -75,13 +63,21 @@ async fn the_documented_user_is_enough_for_every_call_of_the_engine() {
         Some("42")
     );
     assert_eq!(bounded("release", engine.release(&step)).await, 3);
-    assert_eq!(denials(&nodes), Vec::<String>::new(), "nothing was denied");
+    assert_eq!(
+        support::acl_denials(&nodes),
+        Vec::<String>::new(),
+        "nothing was denied"
+    );
 
     let out = exec(&nodes);
     assert_eq!(out.status.code(), Some(0), "stderr: {}", text(&out.stderr));
     assert_eq!(text(&out.stdout).trim(), "token=1");
     assert_eq!(nodes.count_key("lockedjob:lock:nightly"), 0, "released");
-    assert_eq!(denials(&nodes), Vec::<String>::new(), "nothing was denied");
+    assert_eq!(
+        support::acl_denials(&nodes),
+        Vec::<String>::new(),
+        "nothing was denied"
+    );
 }
 
 /// `lockedjob exec --lock nightly` as the ACL user, printing its token.
@@ -109,9 +105,9 @@ fn text(bytes: &[u8]) -> String {
 #[test]
 fn a_release_the_user_may_not_do_is_reported() {
     let nodes = RedisNodes::start(3, Persistence::None).expect("redis nodes");
-    let mut acl = documented_acl();
+    let mut acl = support::readme_acl_setuser(PASSWORD);
     acl.push("-del".into());
-    create_user(&nodes, &acl);
+    support::create_acl_user(&nodes, &acl);
     let out = exec(&nodes);
     let stderr = text(&out.stderr);
     assert_eq!(out.status.code(), Some(0), "stderr: {stderr}");
@@ -131,7 +127,7 @@ fn a_release_the_user_may_not_do_is_reported() {
 #[tokio::test]
 async fn each_missing_right_fails_the_call_with_a_message_naming_it() {
     let nodes = RedisNodes::start(3, Persistence::None).expect("redis nodes");
-    let documented = documented_acl();
+    let documented = support::readme_acl_setuser(PASSWORD);
     let without = |taken: &[&str]| -> Vec<String> {
         let mut acl = documented.clone();
         acl.extend(taken.iter().map(|t| t.to_string()));
@@ -154,7 +150,7 @@ async fn each_missing_right_fails_the_call_with_a_message_naming_it() {
         for node in &nodes.nodes {
             node.command::<()>(&["FLUSHALL"]).expect("FLUSHALL");
         }
-        create_user(&nodes, &acl);
+        support::create_acl_user(&nodes, &acl);
         let engine = engine(&nodes);
         let failure = match bounded(case, engine.try_acquire("acl", TTL)).await {
             Err(err) => {
@@ -174,7 +170,7 @@ async fn each_missing_right_fails_the_call_with_a_message_naming_it() {
         eprintln!("{case}: {failure}");
         assert!(failure.to_lowercase().contains(named), "{case}: {failure}");
         assert!(
-            !denials(&nodes).is_empty(),
+            !support::acl_denials(&nodes).is_empty(),
             "{case}: the node logged the denial"
         );
     }
@@ -183,7 +179,7 @@ async fn each_missing_right_fails_the_call_with_a_message_naming_it() {
 #[tokio::test]
 async fn a_wrong_password_or_unknown_user_is_reported_as_authentication() {
     let nodes = RedisNodes::start(3, Persistence::None).expect("redis nodes");
-    create_user(&nodes, &documented_acl());
+    support::create_acl_user(&nodes, &support::readme_acl_setuser(PASSWORD));
     for (user, password) in [(USER, "not-the-password"), ("nobody", PASSWORD)] {
         let mut config = RedlockConfig::new(nodes.urls());
         config.credentials = Credentials {

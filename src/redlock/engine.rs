@@ -208,7 +208,8 @@ impl Redlock {
         }
         let lock_key = self.lock_key(name);
         let fence_key = self.fence_key(name);
-        let progress_key = self.progress_key(name);
+        // The progress register takes part only in step acquisitions.
+        let progress = step.map(|step| (self.progress_key(name), step));
         let value = format!(
             "{}/{:032x}",
             self.inner.config.holder,
@@ -217,15 +218,15 @@ impl Redlock {
         let ttl_ms = ttl.as_millis().max(1) as u64;
         let start = Instant::now();
 
-        // Phase 1, one script a node: take the lock, read the fence and the progress register,
-        // and where the lock was granted and the fence is below our proposal, raise the fence
+        // Phase 1, one script a node: take the lock, read the fence (and, for a step, the
+        // progress register), and where the lock was granted and the fence is below our proposal, raise the fence
         // to it. A proposal raised from below on a quorum is the token, in one round
         // (docs/design.md, "Acquire").
         let proposal = self.proposal(name);
         let mut grant = scripts::ACQUIRE.prepare_invoke();
         grant.key(&lock_key).key(&fence_key);
-        if step.is_some() {
-            grant.key(&progress_key);
+        if let Some((progress_key, _)) = &progress {
+            grant.key(progress_key);
         }
         grant.arg(&value).arg(ttl_ms).arg(proposal);
         let phase1 = self
@@ -311,10 +312,10 @@ impl Redlock {
         let token = if raised >= quorum {
             // Raised from below on a quorum: above every token any earlier acquisition got
             // to a quorum, and no other acquisition can raise this value on a quorum.
-            if let Some(step) = step {
+            if let Some((progress_key, step)) = &progress {
                 // The progress register says a holder *started* the step, so it is raised only
                 // now that the lock is ours.
-                if let Err(err) = self.raise_progress(name, &progress_key, step).await {
+                if let Err(err) = self.raise_progress(name, progress_key, *step).await {
                     self.release_value_except(&lock_key, &value, &refused).await;
                     return Err(err);
                 }
@@ -330,7 +331,7 @@ impl Redlock {
                 highest_fence
             };
             match self
-                .fence(name, &fence_key, &progress_key, floor + 1, step)
+                .fence(name, &fence_key, floor + 1, progress.as_ref())
                 .await
             {
                 Ok(token) => token,
@@ -366,15 +367,14 @@ impl Redlock {
     }
 
     /// Phase 2: raises the fence to `token`, or above what the nodes report, until a quorum
-    /// raised it from below: that makes the token unique. With a step, the progress register
-    /// is raised in the same script. Returns the token.
+    /// raised it from below: that makes the token unique. With a step (its progress key and
+    /// value), the progress register is raised in the same script. Returns the token.
     async fn fence(
         &self,
         name: &str,
         fence_key: &str,
-        progress_key: &str,
         mut token: u64,
-        step: Option<u64>,
+        progress: Option<&(String, u64)>,
     ) -> Result<u64, LockError> {
         let quorum = self.inner.quorum;
         let mut rounds = 0;
@@ -382,8 +382,8 @@ impl Redlock {
             rounds += 1;
             let mut raise = scripts::FENCE.prepare_invoke();
             raise.key(fence_key).arg(token);
-            if let Some(step) = step {
-                raise.key(progress_key).arg(step);
+            if let Some((progress_key, step)) = progress {
+                raise.key(progress_key).arg(*step);
             }
             let phase2 = self.round::<i64>("fence", &raise, None).await;
             let raised = phase2

@@ -25,32 +25,14 @@ impl TlsFiles {
     /// at start-up, by name, rather than as a handshake failure on every node later.
     pub(crate) fn load(&self) -> Result<TlsCertificates, ConfigError> {
         let root_cert = match &self.ca_file {
-            Some(path) => {
-                let pem = read(path, "CA file")?;
-                let count = certificates_in(&pem, path, "CA file")?;
-                if count == 0 {
-                    return Err(tls_file_error(
-                        "CA file",
-                        path,
-                        "it holds no PEM certificate (-----BEGIN CERTIFICATE-----)",
-                    ));
-                }
-                Some(pem)
-            }
+            Some(path) => Some(read_certificates(path, "CA file")?),
             None => None,
         };
         let client_tls = match (&self.cert_file, &self.key_file) {
             (None, None) => None,
             (Some(_), None) | (None, Some(_)) => return Err(ConfigError::ClientCertWithoutKey),
             (Some(cert_path), Some(key_path)) => {
-                let client_cert = read(cert_path, "client certificate file")?;
-                if certificates_in(&client_cert, cert_path, "client certificate file")? == 0 {
-                    return Err(tls_file_error(
-                        "client certificate file",
-                        cert_path,
-                        "it holds no PEM certificate (-----BEGIN CERTIFICATE-----)",
-                    ));
-                }
+                let client_cert = read_certificates(cert_path, "client certificate file")?;
                 let client_key = read(key_path, "client key file")?;
                 PrivateKeyDer::from_pem_slice(&client_key).map_err(|e| {
                     tls_file_error(
@@ -76,10 +58,20 @@ fn read(path: &Path, what: &'static str) -> Result<Vec<u8>, ConfigError> {
     std::fs::read(path).map_err(|e| tls_file_error(what, path, &e.to_string()))
 }
 
-fn certificates_in(pem: &[u8], path: &Path, what: &'static str) -> Result<usize, ConfigError> {
-    CertificateDer::pem_slice_iter(pem)
+/// Reads a PEM file that must hold at least one certificate.
+fn read_certificates(path: &Path, what: &'static str) -> Result<Vec<u8>, ConfigError> {
+    let pem = read(path, what)?;
+    let count = CertificateDer::pem_slice_iter(&pem)
         .try_fold(0, |count, cert| cert.map(|_| count + 1))
-        .map_err(|e| tls_file_error(what, path, &format!("it is not valid PEM ({e})")))
+        .map_err(|e| tls_file_error(what, path, &format!("it is not valid PEM ({e})")))?;
+    if count == 0 {
+        return Err(tls_file_error(
+            what,
+            path,
+            "it holds no PEM certificate (-----BEGIN CERTIFICATE-----)",
+        ));
+    }
+    Ok(pem)
 }
 
 fn tls_file_error(what: &'static str, path: &Path, reason: &str) -> ConfigError {
