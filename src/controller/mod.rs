@@ -235,7 +235,7 @@ async fn connect(args: &OperatorArgs) -> Option<(Client, Redlock, Metrics)> {
 }
 
 /// `lockedjob-operator/VERSION (CLUSTER/RUNNER)`: names the replica in the API server's audit
-/// log and in `kubectl get --raw /metrics`-style tooling (kube-rs sends no User-Agent of its own).
+/// log (`userAgent`); kube-rs sends no User-Agent of its own.
 fn user_agent(holder: &str) -> http::HeaderValue {
     let text = format!(
         "lockedjob-operator/{} ({holder})",

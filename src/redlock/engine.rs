@@ -219,9 +219,9 @@ impl Redlock {
         let start = Instant::now();
 
         // Phase 1, one script a node: take the lock, read the fence (and, for a step, the
-        // progress register), and where the lock was granted and the fence is below our proposal, raise the fence
-        // to it. A proposal raised from below on a quorum is the token, in one round
-        // (docs/design.md, "Acquire").
+        // progress register), and where the lock was granted and the fence is below our
+        // proposal, raise the fence to it. A proposal raised from below on a quorum is the
+        // token, in one round (docs/design.md, "Acquire").
         let proposal = self.proposal(name);
         let mut grant = scripts::ACQUIRE.prepare_invoke();
         grant.key(&lock_key).key(&fence_key);
