@@ -1,6 +1,6 @@
 //! The `lockedjob` command line. Only argument parsing and dispatch live here.
 
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{CommandFactory, Parser, Subcommand, ValueEnum};
 use lockedjob::exec::{self, ExecArgs, EXIT_USAGE};
 
 #[derive(Parser)]
@@ -35,6 +35,17 @@ enum Command {
     ///
     /// Exit codes: 0 after a graceful shutdown (SIGTERM/SIGINT); 64 bad configuration.
     Operator(Box<lockedjob::controller::OperatorArgs>),
+    /// Show who holds a lock and what each Redis node stores for it (value, TTL, fence and
+    /// progress registers).
+    ///
+    /// Exit codes: 0 a quorum of nodes answered; 69 fewer did; 64 bad usage.
+    Status(Box<lockedjob::status::StatusArgs>),
+    /// Print the next scheduled times of a cron expression or of a LockedJob.
+    ///
+    /// Exit codes: 0; 1 the schedule has no future time; 64 bad expression or no such LockedJob.
+    Next(lockedjob::next::NextArgs),
+    /// Print a shell completion script, e.g. `lockedjob completions bash > /etc/bash_completion.d/lockedjob`.
+    Completions { shell: clap_complete::Shell },
     /// Print the LockedJob CustomResourceDefinition (YAML), as committed in crds/.
     Crd,
     /// Lock-safety lab: run lock clients against local redis-server nodes under a scripted
@@ -57,9 +68,21 @@ fn main() {
             std::process::exit(code);
         }
     };
-    if let Command::Crd = cli.command {
-        print!("{}", lockedjob::api::crd_yaml());
-        return;
+    match cli.command {
+        Command::Crd => {
+            print!("{}", lockedjob::api::crd_yaml());
+            return;
+        }
+        Command::Completions { shell } => {
+            clap_complete::generate(
+                shell,
+                &mut Cli::command(),
+                "lockedjob",
+                &mut std::io::stdout(),
+            );
+            return;
+        }
+        _ => {}
     }
     init_logging(cli.log_format);
     if let Command::Lab(args) = cli.command {
@@ -81,7 +104,9 @@ fn main() {
             Command::Exec(args) => exec::run(*args).await,
             Command::Operator(args) => lockedjob::controller::run(*args).await,
             Command::LabClient(args) => lockedjob::lab::client::run(args).await,
-            Command::Crd | Command::Lab(_) => 0,
+            Command::Status(args) => lockedjob::status::run(*args).await,
+            Command::Next(args) => lockedjob::next::run(args).await,
+            Command::Crd | Command::Lab(_) | Command::Completions { .. } => 0,
         }
     });
     // Pending background work (a connection attempt to a dead node) must not delay the exit.

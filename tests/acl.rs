@@ -62,6 +62,15 @@ async fn the_documented_user_is_enough_for_every_call_of_the_engine() {
         nodes[0].get("lockedjob:progress:acl").as_deref(),
         Some("42")
     );
+    let view = bounded("inspect", engine.inspect("acl")).await;
+    assert!(
+        view.nodes.iter().all(|n| n.error.is_none()),
+        "status as the ACL user: {view:?}"
+    );
+    assert_eq!(
+        (view.holder.as_deref(), view.token),
+        (Some("acl-test/runner"), Some(2))
+    );
     assert_eq!(bounded("release", engine.release(&step)).await, 3);
     assert_eq!(
         support::acl_denials(&nodes),

@@ -113,6 +113,14 @@ pub struct LockedJobSpec {
     #[schemars(range(min = 0))]
     pub starting_deadline_seconds: Option<i64>,
 
+    /// Delay each scheduled time's start by up to this many seconds, by an offset derived from
+    /// the lock name and the time: every replica and cluster computes the same start, and
+    /// LockedJobs due at the same minute spread out. The Job still records its nominal
+    /// scheduled time. Keep it below the schedule's period.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 3600))]
+    pub jitter_seconds: Option<i32>,
+
     /// Finished successful Jobs to keep.
     #[serde(default = "default_successful_history")]
     #[schemars(range(min = 0, max = 100))]

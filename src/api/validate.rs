@@ -3,7 +3,7 @@
 
 use super::{ConcurrencyPolicy, LockedJobSpec};
 use crate::redlock::{LeaseTiming, DEFAULT_DRIFT_FACTOR};
-use crate::schedule::{Concurrency, Policy, Schedule};
+use crate::schedule::{Concurrency, Jitter, Policy, Schedule};
 use jiff::SignedDuration;
 use std::fmt;
 use std::time::Duration;
@@ -18,6 +18,8 @@ pub const MAX_NAME_LENGTH: usize = MAX_JOB_NAME - 11;
 pub const MAX_LOCK_NAME_LENGTH: usize = 200;
 /// Time allowed for a Job deletion to reach the kubelet, on top of the pods' grace period.
 pub const STOP_SLACK_SECONDS: i64 = 2;
+/// The largest `spec.jitterSeconds`: an hour (the CRD schema says the same).
+pub const MAX_JITTER_SECONDS: i32 = 3600;
 /// Kubernetes' default `terminationGracePeriodSeconds`.
 const DEFAULT_GRACE_SECONDS: i64 = 30;
 
@@ -164,6 +166,15 @@ pub fn validate(
 
     let timing = lease_timing(spec, grace, &mut errors);
 
+    if let Some(jitter) = spec.jitter_seconds {
+        if !(0..=MAX_JITTER_SECONDS).contains(&jitter) {
+            errors.push(error(
+                "spec.jitterSeconds",
+                format!("is {jitter}; use 0 to {MAX_JITTER_SECONDS} seconds, below the schedule's period"),
+            ));
+        }
+    }
+
     match (schedule, timing, errors.is_empty()) {
         (Some(schedule), Some(timing), true) => Ok(ValidSpec {
             policy: Policy {
@@ -177,6 +188,10 @@ pub fn validate(
                 starting_deadline: spec
                     .starting_deadline_seconds
                     .map(SignedDuration::from_secs),
+                jitter: spec.jitter_seconds.filter(|s| *s > 0).map(|s| Jitter {
+                    max: SignedDuration::from_secs(i64::from(s)),
+                    key: lock_name.clone(),
+                }),
             },
             lock_name,
             timing,

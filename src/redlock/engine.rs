@@ -3,6 +3,7 @@
 use super::config::RedlockConfig;
 use super::error::ConfigError;
 use super::error::{Failures, LockError, NodeErrorKind, NodeFailure};
+use super::inspect::{LockView, NodeView};
 use super::lease::Lease;
 use super::node::Node;
 use super::scripts;
@@ -599,6 +600,52 @@ impl Redlock {
                     .rsplit_once('/')
                     .map_or(value.clone(), |(h, _)| h.to_string())
             })
+    }
+
+    /// Every node's view of `name`: value, TTL, fence and progress registers, or why the node
+    /// did not answer (`lockedjob status`). Reads only.
+    pub async fn inspect(&self, name: &str) -> LockView {
+        let mut invocation = scripts::INSPECT.prepare_invoke();
+        invocation
+            .key(self.lock_key(name))
+            .key(self.fence_key(name))
+            .key(self.progress_key(name));
+        type Reply = (Option<String>, i64, Option<String>, Option<String>);
+        let round = self.round::<Reply>("inspect", &invocation, None).await;
+        let register = |v: Option<String>| v.and_then(|v| v.parse::<u64>().ok());
+        let mut views: Vec<(usize, NodeView)> = round
+            .replies
+            .into_iter()
+            .map(|(index, (value, ttl, fence, progress))| {
+                let view = NodeView {
+                    node: self.inner.nodes[index].label.clone(),
+                    error: None,
+                    ttl_ms: u64::try_from(ttl).ok().filter(|_| value.is_some()),
+                    value,
+                    fence: register(fence),
+                    progress: register(progress),
+                };
+                (index, view)
+            })
+            .collect();
+        for failure in round.failures {
+            let index = self
+                .inner
+                .nodes
+                .iter()
+                .position(|n| n.label == failure.node)
+                .unwrap_or(usize::MAX);
+            views.push((
+                index,
+                NodeView::failed(failure.node, failure.kind.to_string()),
+            ));
+        }
+        views.sort_by_key(|(index, _)| *index);
+        LockView::new(
+            name,
+            self.inner.quorum,
+            views.into_iter().map(|(_, view)| view).collect(),
+        )
     }
 
     /// Sends one invocation to every node (in parallel unless built sequential), each bounded

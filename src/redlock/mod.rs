@@ -4,6 +4,7 @@
 mod config;
 mod engine;
 mod error;
+mod inspect;
 mod lease;
 mod node;
 mod scripts;
@@ -18,6 +19,7 @@ pub use config::{
 };
 pub use engine::Redlock;
 pub use error::{ConfigError, LockError, NodeErrorKind, NodeFailure};
+pub use inspect::{LockView, NodeView};
 pub use lease::Lease;
 pub use tls::TlsFiles;
 pub use watchdog::{LeaseStatus, Watchdog, WatchdogEnd};

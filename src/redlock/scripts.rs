@@ -86,6 +86,17 @@ const PING_LUA: &str = "return 1";
 /// Reads the lock value ("who holds it") through the same bounded path as everything else.
 const GET_LUA: &str = "return redis.call('GET', KEYS[1])";
 
+/// One node's view of a lock, for `lockedjob status`. KEYS: lock, fence, progress. Returns
+/// {value or false, PTTL of the lock (-2 when absent), fence or false, progress or false}.
+/// One call a line, so that an ACL denial names the command (`denied_call`).
+const INSPECT_LUA: &str = r#"
+local value = redis.call('GET', KEYS[1])
+local ttl = redis.call('PTTL', KEYS[1])
+local fence = redis.call('GET', KEYS[2])
+local progress = redis.call('GET', KEYS[3])
+return {value, ttl, fence, progress}
+"#;
+
 pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE_LUA));
 pub(crate) static PROGRESS: LazyLock<Script> = LazyLock::new(|| Script::new(PROGRESS_LUA));
 pub(crate) static FENCE: LazyLock<Script> = LazyLock::new(|| Script::new(FENCE_LUA));
@@ -93,8 +104,9 @@ pub(crate) static EXTEND: LazyLock<Script> = LazyLock::new(|| Script::new(EXTEND
 pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE_LUA));
 pub(crate) static PING: LazyLock<Script> = LazyLock::new(|| Script::new(PING_LUA));
 pub(crate) static GET: LazyLock<Script> = LazyLock::new(|| Script::new(GET_LUA));
+pub(crate) static INSPECT: LazyLock<Script> = LazyLock::new(|| Script::new(INSPECT_LUA));
 
-const ALL: [(&str, &str); 7] = [
+const ALL: [(&str, &str); 8] = [
     ("acquire", ACQUIRE_LUA),
     ("progress", PROGRESS_LUA),
     ("fence", FENCE_LUA),
@@ -102,6 +114,7 @@ const ALL: [(&str, &str); 7] = [
     ("release", RELEASE_LUA),
     ("ping", PING_LUA),
     ("get", GET_LUA),
+    ("inspect", INSPECT_LUA),
 ];
 
 /// Redis 7.0 reports a right missing inside a script as "The user executing the script can't

@@ -129,6 +129,47 @@ pub struct Policy {
     pub suspend: bool,
     pub concurrency: Concurrency,
     pub starting_deadline: Option<SignedDuration>,
+    pub jitter: Option<Jitter>,
+}
+
+impl Policy {
+    /// When the run for `scheduled` starts: the scheduled time plus its jitter offset.
+    pub fn start_of(&self, scheduled: Timestamp) -> Timestamp {
+        match &self.jitter {
+            Some(jitter) => scheduled
+                .checked_add(jitter.offset(scheduled))
+                .unwrap_or(scheduled),
+            None => scheduled,
+        }
+    }
+}
+
+/// `spec.jitterSeconds`: each scheduled time's start is delayed by an offset below `max`,
+/// derived from the lock name and the time alone, so that every replica and cluster computes
+/// the same start and LockedJobs due at the same minute spread out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Jitter {
+    pub max: SignedDuration,
+    /// The lock name: LockedJobs sharing a lock share their starts.
+    pub key: String,
+}
+
+impl Jitter {
+    /// FNV-1a of the key and the time in unix milliseconds, modulo `max` in milliseconds. A
+    /// published hash rather than std's, whose output may change between Rust releases, and
+    /// replicas of different builds must agree.
+    pub fn offset(&self, scheduled: Timestamp) -> SignedDuration {
+        use std::hash::Hasher;
+        let max_ms = self.max.as_millis().max(0) as u64;
+        if max_ms == 0 {
+            return SignedDuration::ZERO;
+        }
+        let mut hasher = fnv::FnvHasher::default();
+        hasher.write(self.key.as_bytes());
+        hasher.write(&[0]);
+        hasher.write(&scheduled.as_millisecond().to_be_bytes());
+        SignedDuration::from_millis((hasher.finish() % max_ms) as i64)
+    }
 }
 
 /// What is known about past runs.
@@ -172,22 +213,49 @@ pub enum SkipReason {
 }
 
 /// What to do at `now`, with CronJob's semantics:
-/// - due times are those after the last run's scheduled time (or the creation time);
-/// - with `startingDeadlineSeconds`, due times older than `now - deadline` are dropped;
+/// - due times are those after the last run's scheduled time (or the creation time) whose
+///   start (`Policy::start_of`: the time plus its jitter) has come;
+/// - with `startingDeadlineSeconds`, due times that started before `now - deadline` are dropped;
 /// - of several missed times only the most recent runs;
 /// - suspend and concurrencyPolicy Forbid hold a due run back without consuming it.
+///
+/// `next` in the decision is the next start, jitter included.
 pub fn next_action(policy: &Policy, now: Timestamp, history: &History) -> Decision {
     let schedule = &policy.schedule;
-    let next = schedule.next_after(now);
-    let mut earliest = history.last_schedule_time.unwrap_or(history.created);
-    if let Some(deadline) = policy.starting_deadline {
-        if let Ok(cutoff) = now.checked_sub(deadline) {
-            earliest = earliest.max(cutoff);
-        }
-    }
-    let due = match schedule.latest_at_or_before(now) {
-        Some(t) if t > earliest => t,
+    let since = history.last_schedule_time.unwrap_or(history.created);
+    let cutoff = policy
+        .starting_deadline
+        .and_then(|deadline| now.checked_sub(deadline).ok());
+    // With jitter the latest scheduled time may still wait for its start; then the one before
+    // is the candidate (a jitter below the schedule's period keeps it to these two).
+    let latest = schedule.latest_at_or_before(now);
+    let (candidate, waiting) = match latest {
+        Some(t) if policy.start_of(t) <= now => (Some(t), None),
+        Some(t) => (
+            t.checked_sub(SignedDuration::from_millis(1))
+                .ok()
+                .and_then(|before| schedule.latest_at_or_before(before))
+                .filter(|p| policy.start_of(*p) <= now),
+            Some(t).filter(|t| *t > since),
+        ),
+        None => (None, None),
+    };
+    let next = waiting
+        .into_iter()
+        .chain(schedule.next_after(now))
+        .map(|t| policy.start_of(t))
+        .min();
+    let due = match candidate {
+        Some(t) if t > since && cutoff.is_none_or(|c| policy.start_of(t) > c) => t,
         _ => return Decision::Wait { next },
+    };
+    // Times after the last run and the cutoff, up to the one that runs (which counts even
+    // when jitter put its start, not the time, after the cutoff).
+    let earliest = cutoff.map_or(since, |c| since.max(c));
+    let missed = if due > earliest {
+        schedule.count_between(earliest, due, TOO_MANY_MISSED + 1)
+    } else {
+        1
     };
     if policy.suspend {
         return Decision::Skip {
@@ -207,7 +275,7 @@ pub fn next_action(policy: &Policy, now: Timestamp, history: &History) -> Decisi
     Decision::Run {
         scheduled: due,
         replace_active,
-        missed: schedule.count_between(earliest, now, TOO_MANY_MISSED + 1),
+        missed,
         next,
     }
 }

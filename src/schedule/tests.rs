@@ -15,6 +15,7 @@ fn policy(expr: &str) -> Policy {
         suspend: false,
         concurrency: Concurrency::Forbid,
         starting_deadline: None,
+        jitter: None,
     }
 }
 
@@ -395,6 +396,167 @@ proptest! {
         let mut cursor = created;
         while let Some(t) = p.schedule.next_after(cursor) {
             if t > now { break; }
+            expected.push(t);
+            cursor = t;
+        }
+        prop_assert_eq!(runs, expected);
+    }
+}
+
+fn jittered(expr: &str, seconds: i64) -> Policy {
+    Policy {
+        jitter: Some(Jitter {
+            max: SignedDuration::from_secs(seconds),
+            key: "team-a/report".into(),
+        }),
+        ..policy(expr)
+    }
+}
+
+#[test]
+fn jitter_offsets_are_fixed_by_lock_name_and_time_and_stay_below_the_bound() {
+    let jitter = Jitter {
+        max: SignedDuration::from_secs(60),
+        key: "team-a/report".into(),
+    };
+    // Known answers of FNV-1a 64 over "team-a/report", 0, the time's unix ms (big-endian),
+    // computed outside Rust: replicas of every build and cluster must agree on these.
+    assert_eq!(
+        jitter.offset(ts("2026-01-01T00:00:00Z")),
+        SignedDuration::from_millis(37_431)
+    );
+    assert_eq!(
+        jitter.offset(ts("2026-01-01T00:01:00Z")),
+        SignedDuration::from_millis(56_678)
+    );
+    let mut seen = std::collections::BTreeSet::new();
+    let mut t = ts("2026-01-01T00:00:00Z");
+    for _ in 0..120 {
+        let offset = jitter.offset(t);
+        assert!(
+            offset >= SignedDuration::ZERO && offset < jitter.max,
+            "{t}: {offset:?}"
+        );
+        seen.insert(offset.as_secs());
+        t += SignedDuration::from_secs(60);
+    }
+    assert!(seen.len() > 30, "offsets spread over the bound: {seen:?}");
+    let other = Jitter {
+        key: "team-b/report".into(),
+        ..jitter.clone()
+    };
+    assert_ne!(
+        other.offset(ts("2026-01-01T00:00:00Z")),
+        jitter.offset(ts("2026-01-01T00:00:00Z")),
+        "another lock name, another start"
+    );
+    let none = Jitter {
+        max: SignedDuration::ZERO,
+        ..jitter
+    };
+    assert_eq!(
+        none.offset(ts("2026-01-01T00:00:00Z")),
+        SignedDuration::ZERO
+    );
+}
+
+#[test]
+fn jitter_delays_the_start_and_the_run_keeps_its_nominal_time() {
+    // Every minute, starts up to 60 s late: 00:00 starts at 00:00:37.431, 00:01 at 00:01:56.678.
+    let p = jittered("* * * * *", 60);
+    let with_deadline = Policy {
+        starting_deadline: Some(SignedDuration::from_secs(30)),
+        ..jittered("* * * * *", 60)
+    };
+    let created = ts("2025-12-31T23:59:30Z");
+    let h = |last: Option<&str>| History {
+        created,
+        last_schedule_time: last.map(ts),
+        active_runs: 0,
+    };
+    let run = |scheduled: &str, missed: u64, next: &str| Decision::Run {
+        scheduled: ts(scheduled),
+        replace_active: false,
+        missed,
+        next: Some(ts(next)),
+    };
+    let wait = |next: &str| Decision::Wait {
+        next: Some(ts(next)),
+    };
+    let table = [
+        (
+            "before the jittered start: wait for it",
+            &p,
+            "2026-01-01T00:00:30Z",
+            h(None),
+            wait("2026-01-01T00:00:37.431Z"),
+        ),
+        (
+            "after it: run, for the nominal time",
+            &p,
+            "2026-01-01T00:00:40Z",
+            h(None),
+            run("2026-01-01T00:00:00Z", 1, "2026-01-01T00:01:56.678Z"),
+        ),
+        (
+            "00:01 is past but not started, 00:00 ran: wait",
+            &p,
+            "2026-01-01T00:01:30Z",
+            h(Some("2026-01-01T00:00:00Z")),
+            wait("2026-01-01T00:01:56.678Z"),
+        ),
+        (
+            "00:01 not started, 00:00 never ran: 00:00 runs now",
+            &p,
+            "2026-01-01T00:01:30Z",
+            h(None),
+            run("2026-01-01T00:00:00Z", 1, "2026-01-01T00:01:56.678Z"),
+        ),
+        (
+            "the starting deadline counts from the jittered start: within it",
+            &with_deadline,
+            "2026-01-01T00:01:05Z",
+            h(None),
+            run("2026-01-01T00:00:00Z", 1, "2026-01-01T00:01:56.678Z"),
+        ),
+        (
+            "the starting deadline counts from the jittered start: past it",
+            &with_deadline,
+            "2026-01-01T00:01:10Z",
+            h(None),
+            wait("2026-01-01T00:01:56.678Z"),
+        ),
+    ];
+    for (what, p, now, history, expected) in table {
+        assert_eq!(next_action(p, ts(now), &history), expected, "{what}");
+    }
+}
+
+proptest! {
+    // With jitter below half the period, observed more often than two starts can come
+    // (120 s apart, minus the jitter), every due time runs exactly once, in order, never
+    // before its jittered start.
+    #[test]
+    fn jittered_times_each_run_once_never_before_their_start(
+        steps in proptest::collection::vec(1i64..60, 1..300),
+        jitter in 1i64..60,
+    ) {
+        let p = jittered("*/2 * * * *", jitter); // every 120 s; steps are shorter
+        let created = ts("2026-03-01T00:00:30Z");
+        let mut now = created;
+        let mut runs = Vec::new();
+        for step in steps {
+            now += SignedDuration::from_secs(step);
+            let history = History { created, last_schedule_time: runs.last().copied(), active_runs: 0 };
+            if let Decision::Run { scheduled, .. } = next_action(&p, now, &history) {
+                prop_assert!(p.start_of(scheduled) <= now, "{scheduled} ran at {now}, before its start");
+                runs.push(scheduled);
+            }
+        }
+        let mut expected = Vec::new();
+        let mut cursor = created;
+        while let Some(t) = p.schedule.next_after(cursor) {
+            if p.start_of(t) > now { break; }
             expected.push(t);
             cursor = t;
         }

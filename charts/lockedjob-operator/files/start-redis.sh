@@ -39,7 +39,7 @@ esac
 
 # The engine's rights: its scripts (loaded once per connection, run by SHA) and the commands
 # they call, on its keys only. The README's ACL SETUSER line lists the same; a test compares.
-engine_rights='resetchannels -@all +evalsha +script|load +get +set +pexpire +del'
+engine_rights='resetchannels -@all +evalsha +script|load +get +set +pexpire +del +pttl'
 monitoring_rights='resetchannels -@all +ping +info +config|get +client|list +slowlog|get +slowlog|len +latency|latest +memory|stats +dbsize'
 user="${REDIS_USER:-lockedjob}"
 prefix="${REDIS_KEY_PREFIX:-lockedjob}"
