@@ -111,6 +111,66 @@ async fn three_replicas(lab: Lab) {
     }
 }
 
+/// `spec.jitterSeconds` with 3 replicas: each time runs once, for its nominal time, and not
+/// before the start every replica derives from the lock name and the time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jittered_runs_start_at_the_derived_offset_once_across_replicas() {
+    for cluster in clusters().await {
+        jittered(Lab::start(cluster, 3, 3)).await;
+    }
+}
+
+async fn jittered(lab: Lab) {
+    use jiff::{SignedDuration, Timestamp};
+    use lockedjob::schedule::Jitter;
+    let c = &lab.cluster;
+    let api: Api<LockedJob> = c.api();
+    let mut lj = c.journaled("jittered", &c.every(10), "c1", None, 0.2);
+    let max = c.secs(6.0).as_secs() as i64;
+    lj.spec.jitter_seconds = Some(max as i32);
+    // The schedule's grid, as `every` rounds it: the nominal times fall on it.
+    let grid = match c.secs(10.0).as_secs() as i64 {
+        s if s < 60 => s,
+        s => (s + 59) / 60 * 60,
+    };
+    api.create(&PostParams::default(), &lj)
+        .await
+        .expect("create");
+    let jitter = Jitter {
+        max: SignedDuration::from_secs(max),
+        key: c.default_lock("jittered"),
+    };
+    assert!(
+        lab.journal
+            .wait_for(c.secs(60.0), |runs| runs.len() >= 4)
+            .await,
+        "too few jittered runs on the {}:\n{}",
+        c.name,
+        logs_of(&lab.replicas)
+    );
+    for r in &lab.replicas {
+        r.signal(Signal::SIGTERM);
+    }
+    let runs = lab.journal.runs().await;
+    let logs = logs_of(&lab.replicas);
+    check(&runs).unwrap_or_else(|e| panic!("{e}\n{logs}"));
+    for run in &runs {
+        let scheduled: Timestamp = run.scheduled.parse().expect("scheduled time");
+        assert_eq!(
+            scheduled.as_second() % grid,
+            0,
+            "the Job carries the nominal time: {run:?}"
+        );
+        let start = scheduled + jitter.offset(scheduled);
+        assert!(
+            run.start >= start.as_millisecond() as f64 / 1000.0,
+            "{} ran at {:.3}, before its jittered start {start}\n{logs}",
+            run.scheduled,
+            run.start
+        );
+    }
+}
+
 /// Scenario 4: two clusters, 2 replicas each, one lock name, one set of 5 Redis nodes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_clusters_sharing_redis_run_each_time_once_across_both() {

@@ -25,6 +25,9 @@ pub struct Options {
     /// Image repository (no tag) -> the local program its containers run when they name no
     /// command (the node agent runs no images).
     pub images: BTreeMap<String, PathBuf>,
+    /// Write kube-apiserver's audit log (Metadata level: who, what, when; no bodies) to
+    /// `audit.log` in the cluster directory. Benchmarks count API requests per client from it.
+    pub audit_log: bool,
 }
 
 impl Options {
@@ -35,6 +38,7 @@ impl Options {
             dir: None,
             ready_timeout: Duration::from_secs(180),
             images: BTreeMap::new(),
+            audit_log: false,
         }
     }
 }
@@ -84,7 +88,12 @@ struct Layout {
     kubeconfig: PathBuf,
     tokens: PathBuf,
     images: BTreeMap<String, PathBuf>,
+    audit_log: bool,
 }
+
+/// Every request at Metadata level, once (at ResponseComplete; long watches also at
+/// ResponseStarted), without managed fields.
+const AUDIT_POLICY: &str = "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nomitManagedFields: true\nrules:\n- level: Metadata\n";
 
 impl Layout {
     fn etcd_args(&self) -> Vec<String> {
@@ -107,7 +116,7 @@ impl Layout {
 
     fn apiserver_args(&self) -> Vec<String> {
         let p = &self.pki;
-        vec![
+        let mut args = vec![
             format!("--etcd-servers=http://127.0.0.1:{}", self.etcd_client_port),
             "--bind-address=127.0.0.1".into(),
             "--advertise-address=127.0.0.1".into(),
@@ -133,7 +142,19 @@ impl Layout {
             "--kubelet-preferred-address-types=InternalIP".into(),
             "--allow-privileged=true".into(),
             "--profiling=false".into(),
-        ]
+        ];
+        if self.audit_log {
+            args.extend([
+                format!(
+                    "--audit-policy-file={}",
+                    self.dir.join("audit-policy.yaml").display()
+                ),
+                format!("--audit-log-path={}", self.dir.join("audit.log").display()),
+                // Batched in the background, so auditing does not slow the requests it counts.
+                "--audit-log-mode=batch".into(),
+            ]);
+        }
+        args
     }
 
     fn component_args(&self, port: u16) -> Vec<String> {
@@ -264,7 +285,12 @@ impl LocalCluster {
             pki,
             dir: path,
             images: options.images.clone(),
+            audit_log: options.audit_log,
         };
+        if layout.audit_log {
+            std::fs::write(layout.dir.join("audit-policy.yaml"), AUDIT_POLICY)
+                .map_err(|e| Error::io("write the audit policy", e))?;
+        }
         let server = format!("https://127.0.0.1:{}", layout.apiserver_port);
         std::fs::write(
             &layout.kubeconfig,
@@ -318,6 +344,12 @@ impl LocalCluster {
     }
 
     /// The directory of kubectl and helm, built with the control plane.
+    /// kube-apiserver's audit log, written when the cluster was started with
+    /// [`Options::audit_log`]: one JSON event a line.
+    pub fn audit_log(&self) -> PathBuf {
+        self.path.join("audit.log")
+    }
+
     pub fn bin_dir(&self) -> &Path {
         &self.bin_dir
     }

@@ -3,7 +3,9 @@
 //! dead holder, which finished Jobs to delete, what status to write and when to look again.
 //! `reconcile.rs` gathers the inputs and carries the plan out.
 
-use super::jobs::{expired_history, is_running, scheduled_time};
+use super::jobs::{
+    age, cleans_history, created_at, expired_history, finished_at, is_running, scheduled_time,
+};
 use super::status::{set_condition, ConditionUpdate};
 use crate::api::{conditions, describe, validate, LockedJob, ValidSpec, ANNOTATION_RUN_NOW};
 use crate::schedule::{next_action, parse_run_now, Decision, History, TOO_MANY_MISSED};
@@ -17,6 +19,11 @@ use std::time::Duration;
 /// The longest a LockedJob waits for its next reconcile.
 pub const MAX_REQUEUE: Duration = Duration::from_secs(300);
 
+/// How long after a Job started or finished the replicas leave `status.active` to the run's
+/// own status patch, which carries the change (docs/design.md, "Status"). Three replicas writing
+/// it at once cost a write and two conflicts per change.
+pub const ACTIVE_GRACE: Duration = Duration::from_secs(3);
+
 /// What a reconcile saw, besides the LockedJob.
 #[derive(Debug, Clone)]
 pub struct Observed {
@@ -27,6 +34,8 @@ pub struct Observed {
     pub reachable: usize,
     pub nodes: usize,
     pub quorum: usize,
+    /// This replica's holder name (`cluster/runner`), as Jobs record it.
+    pub holder: String,
 }
 
 /// The status a reconcile writes, when it differs from what the object has.
@@ -35,6 +44,9 @@ pub struct StatusUpdate {
     pub conditions: Vec<Condition>,
     pub active: Option<Vec<ObjectReference>>,
     pub observed_generation: Option<i64>,
+    /// Write only after this long: the change is `active` alone, from a Job that started or
+    /// finished within `ACTIVE_GRACE`, which the run's own patch normally writes first.
+    pub defer: Option<Duration>,
 }
 
 #[derive(Debug, Clone)]
@@ -66,9 +78,12 @@ pub struct ValidPlan {
     pub start: Option<(Timestamp, Vec<String>)>,
     /// More than `TOO_MANY_MISSED` due times were missed (worth a Warning Event).
     pub missed_too_many: bool,
-    /// Active Jobs: a replica that does not supervise one checks its holder.
-    pub active: Vec<String>,
-    /// Finished Jobs beyond the history limits.
+    /// Active Jobs at least a TTL old: a replica that does not supervise one checks whether its
+    /// holder is gone. A holder that died keeps the lock until a TTL after its last renewal,
+    /// so asking Redis about a younger Job could not find the lock free.
+    pub orphan_candidates: Vec<String>,
+    /// Finished Jobs beyond the history limits, when this replica is the one to delete them
+    /// (`cleans_history`).
     pub delete: Vec<String>,
     pub status: Option<StatusUpdate>,
     pub requeue: Duration,
@@ -105,6 +120,7 @@ fn decide_invalid(lj: &LockedJob, now: Timestamp, message: String) -> Plan {
             conditions,
             active: None,
             observed_generation: generation,
+            defer: None,
         }
     });
     Plan::Invalid { message, report }
@@ -130,6 +146,12 @@ fn decide_valid(lj: &LockedJob, seen: &Observed, valid: ValidSpec) -> ValidPlan 
     };
     let decision = next_action(&valid.policy, seen.now, &history);
     let active_names: Vec<String> = active.iter().map(|j| j.name_any()).collect();
+    let ttl = valid.timing.ttl;
+    let orphan_candidates = active
+        .iter()
+        .filter(|j| created_at(j).is_none_or(|t| age(t, seen.now) >= ttl))
+        .map(|j| j.name_any())
+        .collect();
     let (start, missed_too_many, next) = match decision {
         Decision::Run {
             scheduled,
@@ -164,13 +186,17 @@ fn decide_valid(lj: &LockedJob, seen: &Observed, valid: ValidSpec) -> ValidPlan 
         run_now,
         start,
         missed_too_many,
-        delete: expired_history(
-            &seen.jobs,
-            lj.spec.successful_jobs_history_limit.max(0) as usize,
-            lj.spec.failed_jobs_history_limit.max(0) as usize,
-        ),
+        delete: if cleans_history(&seen.jobs, &seen.holder, seen.now, ttl) {
+            expired_history(
+                &seen.jobs,
+                lj.spec.successful_jobs_history_limit.max(0) as usize,
+                lj.spec.failed_jobs_history_limit.max(0) as usize,
+            )
+        } else {
+            Vec::new()
+        },
         status: status_update(lj, seen, &valid, next, &active),
-        active: active_names,
+        orphan_candidates,
         requeue: requeue.max(Duration::from_millis(50)),
         valid,
     }
@@ -231,18 +257,58 @@ fn status_update(
         };
         set_condition(&mut conditions, update, seen.now);
     }
-    let active_refs: Vec<ObjectReference> = active.iter().map(|j| job_reference(j)).collect();
-    let changed = !same_conditions(&conditions, &status.conditions)
-        || status.active != active_refs
+    let mut active_refs: Vec<ObjectReference> = active.iter().map(|j| job_reference(j)).collect();
+    // By name: the cache's order is arbitrary, and a different order is a different list.
+    active_refs.sort_by(|a, b| a.name.cmp(&b.name));
+    let others_changed = !same_conditions(&conditions, &status.conditions)
         || status.observed_generation != generation;
-    changed.then_some(StatusUpdate {
+    if !others_changed && status.active == active_refs {
+        return None;
+    }
+    let defer = if others_changed {
+        None
+    } else {
+        active_change_defer(&status.active, &active_refs, &seen.jobs, seen.now)
+    };
+    Some(StatusUpdate {
         conditions,
         active: Some(active_refs),
         observed_generation: generation,
+        defer,
     })
 }
 
-fn job_reference(job: &Job) -> ObjectReference {
+/// How long to hold back a change of `status.active` alone: until `ACTIVE_GRACE` after the
+/// latest start or finish among the Jobs that entered or left it. `None` (write now) when one
+/// of them has no such time here (gone from the cache, or no timestamps).
+fn active_change_defer(
+    written: &[ObjectReference],
+    wanted: &[ObjectReference],
+    jobs: &[Job],
+    now: Timestamp,
+) -> Option<Duration> {
+    let named = |r: &ObjectReference| r.name.clone().unwrap_or_default();
+    let entered = wanted
+        .iter()
+        .filter(|r| !written.iter().any(|w| w.name == r.name));
+    let left = written
+        .iter()
+        .filter(|w| !wanted.iter().any(|r| r.name == w.name));
+    let mut latest = None;
+    for (reference, started) in entered.map(|r| (r, true)).chain(left.map(|r| (r, false))) {
+        let job = jobs.iter().find(|j| j.name_any() == named(reference))?;
+        let at = if started {
+            created_at(job)
+        } else {
+            finished_at(job)
+        }?;
+        latest = latest.max(Some(at));
+    }
+    let wait = ACTIVE_GRACE.checked_sub(age(latest?, now))?;
+    (!wait.is_zero()).then_some(wait)
+}
+
+pub(crate) fn job_reference(job: &Job) -> ObjectReference {
     ObjectReference {
         api_version: Some("batch/v1".into()),
         kind: Some("Job".into()),
@@ -306,7 +372,8 @@ mod tests {
         serde_json::from_value(json!({
             "metadata": {"name": format!("report-{minute}"), "namespace": "team-a",
                 "creationTimestamp": scheduled,
-                "annotations": {"lockedjob.dev/scheduled-time": scheduled}},
+                "annotations": {"lockedjob.dev/scheduled-time": scheduled,
+                    "lockedjob.dev/holder": "east/r1"}},
             "status": {"conditions": conditions}
         }))
         .expect("job")
@@ -319,6 +386,7 @@ mod tests {
             reachable,
             nodes: 3,
             quorum: 2,
+            holder: "east/r1".into(),
         }
     }
 
@@ -351,7 +419,16 @@ mod tests {
                 "Allow: start beside an active run",
                 allow,
                 vec![job("2026-01-01T10:04:00Z", "active")],
-                |p| p.start.as_ref().is_some_and(|s| s.1.is_empty()) && p.active.len() == 1,
+                |p| {
+                    p.start.as_ref().is_some_and(|s| s.1.is_empty())
+                        && p.orphan_candidates.len() == 1
+                },
+            ),
+            (
+                "an active Job younger than a TTL is no orphan candidate",
+                json!({}),
+                vec![job("2026-01-01T10:05:00Z", "active")],
+                |p| p.orphan_candidates.is_empty(),
             ),
             (
                 "Forbid: held back while one is active",
@@ -392,6 +469,91 @@ mod tests {
         for (what, extra, jobs, check) in table {
             let plan = valid(decide(&locked_job(extra), &observed(at, jobs, 3)));
             assert!(check(&plan), "{what}: {plan:#?}");
+        }
+    }
+
+    #[test]
+    fn a_change_of_active_alone_is_left_to_the_run_for_a_grace_period() {
+        let conditions = valid(decide(
+            &locked_job(json!({})),
+            &observed("2026-01-01T10:05:00Z", vec![], 3),
+        ))
+        .status
+        .expect("fresh conditions")
+        .conditions;
+        let written = |active: serde_json::Value| {
+            locked_job(json!({"status": {"conditions": conditions.clone(),
+                "observedGeneration": 1, "active": active}}))
+        };
+        let finished_at = |at: &str| {
+            let mut j = job("2026-01-01T10:05:00Z", "Complete");
+            if let Some(c) = j.status.as_mut().and_then(|s| s.conditions.as_mut()) {
+                c[0].last_transition_time =
+                    Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(ts(at)));
+            }
+            j
+        };
+        let active_ref = json!([{"apiVersion": "batch/v1", "kind": "Job",
+            "name": format!("report-{}", ts("2026-01-01T10:05:00Z").as_second() / 60),
+            "namespace": "team-a"}]);
+        // (what, written status, Jobs in the cache, now, expected defer)
+        type Row = (
+            &'static str,
+            LockedJob,
+            Vec<Job>,
+            &'static str,
+            Option<Option<u64>>,
+        );
+        let table: Vec<Row> = vec![
+            (
+                "a Job started 1 s ago: wait 2 s more",
+                written(json!([])),
+                vec![job("2026-01-01T10:05:00Z", "active")],
+                "2026-01-01T10:05:01Z",
+                Some(Some(2)),
+            ),
+            (
+                "a Job started 5 s ago and still missing: write now",
+                written(json!([])),
+                vec![job("2026-01-01T10:05:00Z", "active")],
+                "2026-01-01T10:05:05Z",
+                Some(None),
+            ),
+            (
+                "a Job finished 1 s ago: wait",
+                written(active_ref.clone()),
+                vec![finished_at("2026-01-01T10:05:20Z")],
+                "2026-01-01T10:05:21Z",
+                Some(Some(2)),
+            ),
+            (
+                "a Job gone from the cache: write now",
+                written(active_ref.clone()),
+                vec![],
+                "2026-01-01T10:05:21Z",
+                Some(None),
+            ),
+            (
+                "the conditions changed too: write now",
+                locked_job(json!({"status": {"active": []}})),
+                vec![job("2026-01-01T10:05:00Z", "active")],
+                "2026-01-01T10:05:01Z",
+                Some(None),
+            ),
+            (
+                "active as written: nothing to write",
+                written(active_ref),
+                vec![job("2026-01-01T10:05:00Z", "active")],
+                "2026-01-01T10:05:01Z",
+                None,
+            ),
+        ];
+        for (what, lj, jobs, now, expected) in table {
+            let plan = valid(decide(&lj, &observed(now, jobs, 3)));
+            let defer = plan
+                .status
+                .map(|s| s.defer.map(|d| d.as_secs_f64().round() as u64));
+            assert_eq!(defer, expected, "{what}");
         }
     }
 

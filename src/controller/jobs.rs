@@ -9,6 +9,7 @@ use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::EnvVar;
 use kube::api::ObjectMeta;
 use kube::{Resource, ResourceExt};
+use std::time::Duration;
 
 /// Label on every Job the operator creates: which LockedJob it belongs to.
 pub const LABEL_LOCKED_JOB: &str = "lockedjob.dev/locked-job";
@@ -134,6 +135,44 @@ pub fn expired_history(jobs: &[Job], successful_limit: usize, failed_limit: usiz
     doomed
 }
 
+/// When a Job was created, from its creationTimestamp.
+pub fn created_at(job: &Job) -> Option<Timestamp> {
+    job.metadata.creation_timestamp.as_ref().map(|t| t.0)
+}
+
+/// When a finished Job finished: the last transition of its Complete or Failed condition.
+pub fn finished_at(job: &Job) -> Option<Timestamp> {
+    job.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .filter(|c| (c.type_ == "Complete" || c.type_ == "Failed") && c.status == "True")
+        .filter_map(|c| c.last_transition_time.as_ref().map(|t| t.0))
+        .max()
+}
+
+/// Whether this replica (`holder`) deletes the finished Jobs beyond the history limits. Every
+/// replica sees the same ones; with all of them deleting, each Job cost three DELETEs. The
+/// replica that created the newest Job (its holder annotation) does it, or any replica once
+/// that Job is older than `grace`, in case its creator is gone.
+pub fn cleans_history(jobs: &[Job], holder: &str, now: Timestamp, grace: Duration) -> bool {
+    let Some(newest) = jobs.iter().max_by_key(|j| created_at(j)) else {
+        return true;
+    };
+    let created_by_me = newest
+        .annotations()
+        .get(ANNOTATION_HOLDER)
+        .map(String::as_str)
+        == Some(holder);
+    created_by_me || created_at(newest).is_none_or(|t| age(t, now) >= grace)
+}
+
+/// How long ago `t` was; zero for a time ahead of `now` (another machine's clock).
+pub fn age(t: Timestamp, now: Timestamp) -> Duration {
+    Duration::try_from(now.duration_since(t)).unwrap_or(Duration::ZERO)
+}
+
 /// The Job name for a run, derived from the LockedJob's name and the scheduled time, as
 /// CronJob does: minutes since the epoch, or seconds for schedules with a seconds field. Every
 /// replica and cluster derives the same name, so a second create for the same run collides.
@@ -246,6 +285,60 @@ mod tests {
         assert_eq!(get(ENV_LOCK_NAME), ["team/report"]);
         assert_eq!(get(ENV_SCHEDULED_TIME), ["2026-01-01T00:00:00Z"]);
         assert_eq!(get(ENV_HOLDER), ["c/p"]);
+    }
+
+    #[test]
+    fn history_is_cleaned_by_the_newest_jobs_creator_or_anyone_after_a_grace() {
+        let job = |created: &str, holder: &str| -> Job {
+            serde_json::from_value(
+                json!({"metadata": {"name": created, "creationTimestamp": created,
+                "annotations": {"lockedjob.dev/holder": holder}}}),
+            )
+            .expect("job")
+        };
+        let jobs = vec![
+            job("2026-01-01T10:00:00Z", "east/r2"),
+            job("2026-01-01T10:01:00Z", "east/r1"),
+        ];
+        let grace = Duration::from_secs(30);
+        let ts = |s: &str| s.parse::<Timestamp>().expect("time");
+        let table = [
+            (
+                "the newest Job's creator",
+                "east/r1",
+                "2026-01-01T10:01:05Z",
+                true,
+            ),
+            (
+                "another replica, within the grace",
+                "east/r2",
+                "2026-01-01T10:01:05Z",
+                false,
+            ),
+            (
+                "another replica, after the grace",
+                "east/r2",
+                "2026-01-01T10:01:30Z",
+                true,
+            ),
+            (
+                "another cluster, after the grace",
+                "west/r1",
+                "2026-01-01T10:02:00Z",
+                true,
+            ),
+        ];
+        for (what, holder, now, expected) in table {
+            assert_eq!(
+                cleans_history(&jobs, holder, ts(now), grace),
+                expected,
+                "{what}"
+            );
+        }
+        assert!(
+            cleans_history(&[], "east/r2", ts("2026-01-01T10:01:05Z"), grace),
+            "no Jobs"
+        );
     }
 
     #[test]

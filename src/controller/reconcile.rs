@@ -98,6 +98,7 @@ async fn observe(ctx: &Context, lj: &LockedJob, namespace: &str) -> Result<Obser
         reachable: ctx.health.reachable(),
         nodes: ctx.nodes(),
         quorum: ctx.engine.quorum(),
+        holder: ctx.holder.clone(),
     })
 }
 
@@ -143,6 +144,10 @@ async fn act(
         let _ = jobs.delete(doomed, &DeleteParams::background()).await;
     }
     if let Some(status) = plan.status {
+        if let Some(wait) = status.defer {
+            // The run's own status patch usually writes this change first; look again after.
+            return Ok(Action::requeue(plan.requeue.min(wait)));
+        }
         if !write_status(ctx, lj, namespace, status, true).await? {
             // Another replica wrote first: its version reaches us through the watch and
             // reconciles again anyway. Retrying at once made three replicas whose Job caches
@@ -154,8 +159,8 @@ async fn act(
     Ok(Action::requeue(plan.requeue))
 }
 
-/// Active Jobs nobody here supervises may have lost their holder: check each at most once per
-/// renew interval (see `Runs::orphan_check_due`).
+/// Active Jobs nobody here supervises may have lost their holder: check each candidate (a TTL
+/// old, see `ValidPlan::orphan_candidates`) at most once per renew interval.
 fn check_orphans(
     ctx: &Arc<Context>,
     lj: &Arc<LockedJob>,
@@ -167,7 +172,7 @@ fn check_orphans(
     let every = plan.valid.timing.renew_interval;
     for job in jobs
         .into_iter()
-        .filter(|j| plan.active.contains(&j.name_any()))
+        .filter(|j| plan.orphan_candidates.contains(&j.name_any()))
     {
         let key = (namespace.to_string(), job.name_any());
         if ctx.runs.is_supervised(&key) || !ctx.runs.orphan_check_due(&key, now, every) {

@@ -5,7 +5,7 @@ use super::super::events::{self, Reason};
 use super::super::jobs::{build_job, job_name, manual_job_name, RunIdentity};
 use super::super::{Context, MANAGER};
 use super::acquire::acquire;
-use super::report::{bounded, clear_run_now, patch_status, record, API_CALL_LIMIT};
+use super::report::{active_after, bounded, clear_run_now, patch_status, record, API_CALL_LIMIT};
 use super::{NotStarted, RunKind};
 use crate::api::{LockedJob, RunOutcome, ValidSpec};
 use crate::metrics::RunResult;
@@ -84,7 +84,23 @@ pub(super) async fn launch(
     // The time is already recorded as started (phase 2), so nobody else will run it: keep
     // trying to create the Job while the lease leaves room, or it is lost.
     let created = create_job(&jobs, &job, &lease).await;
-    if !report_created(ctx, lj, &lease, &job_name, scheduled, manual, created).await {
+    let new_job = match &created {
+        Created::New(job) => Some(Job::clone(job)),
+        _ => None,
+    };
+    // Lag counts from the start the jitter gives the time (the time itself without jitter).
+    let start = valid.policy.start_of(scheduled);
+    if !report_created(
+        ctx,
+        lj,
+        &lease,
+        &job_name,
+        (scheduled, start),
+        manual,
+        created,
+    )
+    .await
+    {
         ctx.engine.release(&lease).await;
         return Err(NotStarted::Failed);
     }
@@ -96,6 +112,9 @@ pub(super) async fn launch(
     } else {
         status["lastScheduleTime"] = json!(scheduled.to_string());
     }
+    if let Some(active) = active_after(ctx, lj, new_job.as_ref(), None).await {
+        status["active"] = json!(active);
+    }
     patch_status(ctx, lj, status).await;
     Ok(Launched { lease, job_name })
 }
@@ -106,13 +125,13 @@ async fn report_created(
     lj: &LockedJob,
     lease: &Lease,
     job_name: &str,
-    scheduled: Timestamp,
+    (scheduled, start): (Timestamp, Timestamp),
     manual: bool,
     created: Created,
 ) -> bool {
     match created {
-        Created::New => {
-            let lag = (Timestamp::now() - scheduled).get_milliseconds().max(0) as u64;
+        Created::New(_) => {
+            let lag = (Timestamp::now() - start).get_milliseconds().max(0) as u64;
             if !manual {
                 ctx.metrics.record_schedule_lag(Duration::from_millis(lag));
             }
@@ -145,7 +164,8 @@ async fn report_created(
 
 /// How creating a run's Job ended.
 enum Created {
-    New,
+    /// Created: the Job as the API server returned it.
+    New(Box<Job>),
     /// The name exists: an earlier holder's Job, or our own attempt whose reply was lost.
     Existed,
     /// Not created, with why.
@@ -163,7 +183,7 @@ async fn create_job(jobs: &Api<Job>, job: &Job, lease: &Lease) -> Created {
     let mut pause = Duration::from_millis(200);
     loop {
         let failure = match tokio::time::timeout(API_CALL_LIMIT, jobs.create(&params, job)).await {
-            Ok(Ok(_)) => return Created::New,
+            Ok(Ok(created)) => return Created::New(Box::new(created)),
             Ok(Err(kube::Error::Api(s))) if s.code == 409 => return Created::Existed,
             Ok(Err(kube::Error::Api(s))) if s.code != 429 && s.code < 500 => {
                 return Created::Failed(format!("{} ({})", s.message, s.code))

@@ -11,6 +11,7 @@ mod supervise;
 pub use adopt::check_orphan;
 pub use report::{clear_run_now, stop_all};
 
+use super::jobs::job_name;
 use super::runs::RunKey;
 use super::Context;
 use crate::api::{LockedJob, ValidSpec};
@@ -30,6 +31,18 @@ fn last_run_tag(lj: &LockedJob) -> u64 {
         (&run.job_name, run.outcome, run.fencing_token).hash(&mut hasher);
     }
     hasher.finish()
+}
+
+/// How long the replicas that did not run a LockedJob's last time hold back before trying for
+/// the next, so that the one that did usually wins alone (docs/design.md, "Who tries first").
+/// Redlock still decides; this only saves the losers' rounds.
+pub const HEAD_START: Duration = Duration::from_secs(2);
+
+/// Whether this replica (`holder`) holds back before trying for a scheduled time: yes when
+/// another runner ran the LockedJob's last run. Nobody waits for the first run, or for a
+/// manual one (the annotation asks for now).
+pub fn holds_back(last_holder: Option<&str>, holder: &str, manual: bool) -> bool {
+    !manual && last_holder.is_some_and(|last| last != holder)
 }
 
 /// What starts a run.
@@ -67,6 +80,7 @@ pub async fn start(
     let last_run = last_run_tag(&lj);
     let (ttl, timing) = (valid.timing.ttl, valid.timing);
     let span = tracing::info_span!("run", namespace = %namespace, name = %name, lock = %valid.lock_name, scheduled = %scheduled, manual, token = tracing::field::Empty);
+    let settled = &ctx.runs.settled;
     let launched = {
         let Some(_starting) = ctx.runs.claim_start(&key) else {
             return;
@@ -74,11 +88,28 @@ pub async fn start(
         if ctx.runs.settled.holds(&key, Instant::now(), last_run) {
             return;
         }
+        let last_holder = lj
+            .status
+            .as_ref()
+            .and_then(|s| s.last_run.as_ref())
+            .map(|r| r.holder.as_str());
+        if holds_back(last_holder, &ctx.holder, manual) {
+            tokio::select! {
+                _ = ctx.shutdown.cancelled() => return,
+                _ = tokio::time::sleep(HEAD_START) => {}
+            }
+            // The Job's name is the same in every replica of this cluster: once it is in the
+            // cache, the last holder took this time.
+            let job = job_name(&name, scheduled, valid.policy.schedule.has_seconds());
+            if ctx.cached_job(&namespace, &job).is_some() {
+                settled.set(key, Instant::now() + ttl);
+                return;
+            }
+        }
         launch::launch(&ctx, &lj, &valid, scheduled, kind)
             .instrument(span.clone())
             .await
     };
-    let settled = &ctx.runs.settled;
     match launched {
         Ok(launched) => {
             settled.set(key, Instant::now() + SETTLED);
@@ -130,4 +161,47 @@ enum NotStarted {
     AlreadyRan,
     /// No quorum, a split vote, API errors, shutting down: tried again after a short pause.
     Failed,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::holds_back;
+
+    #[test]
+    fn the_last_runs_holder_tries_first_and_the_others_hold_back() {
+        let table = [
+            (
+                Some("east/r1"),
+                "east/r1",
+                false,
+                false,
+                "ran the last time: goes at once",
+            ),
+            (
+                Some("east/r1"),
+                "east/r2",
+                false,
+                true,
+                "another replica ran it: waits",
+            ),
+            (
+                Some("west/r1"),
+                "east/r1",
+                false,
+                true,
+                "another cluster ran it: waits",
+            ),
+            (None, "east/r2", false, false, "never ran: everyone races"),
+            (
+                Some("east/r1"),
+                "east/r2",
+                true,
+                false,
+                "run-now: nobody waits",
+            ),
+        ];
+        for (last, me, manual, expected, what) in table {
+            assert_eq!(holds_back(last, me, manual), expected, "{what}");
+        }
+    }
 }

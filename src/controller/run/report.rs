@@ -2,12 +2,15 @@
 //! conditions, the run-now annotation cleared, Jobs stopped. Every call is bounded: a run
 //! whose lease runs out must not wait on the API server past it.
 
+use super::super::decide::job_reference;
+use super::super::jobs::{is_running, LABEL_LOCKED_JOB};
 use super::super::status::{set_condition, ConditionUpdate};
 use super::super::Context;
 use crate::api::{LockedJob, RunOutcome, RunRecord, ANNOTATION_RUN_NOW};
 use crate::redlock::Lease;
 use jiff::Timestamp;
 use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::ObjectReference;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::ResourceExt;
 use serde_json::json;
@@ -49,6 +52,37 @@ pub(super) async fn patch_status(ctx: &Context, lj: &LockedJob, status: serde_js
         ),
     )
     .await;
+}
+
+/// `status.active` once `started` began or `ended` finished: the LockedJob's running Jobs in
+/// this replica's cache with that one added or removed, sorted as `decide` sorts them. The
+/// run's own status patch carries it, so the other replicas can leave it alone
+/// (`decide::ACTIVE_GRACE`). `None` when the cache cannot be read.
+pub(super) async fn active_after(
+    ctx: &Context,
+    lj: &LockedJob,
+    started: Option<&Job>,
+    ended: Option<&str>,
+) -> Option<Vec<ObjectReference>> {
+    let (name, uid) = (lj.name_any(), lj.uid().unwrap_or_default());
+    let namespace = lj.namespace().unwrap_or_default();
+    let cached = ctx
+        .cached_jobs(&namespace, |j| {
+            j.labels().get(LABEL_LOCKED_JOB) == Some(&name)
+                && j.owner_references().iter().any(|r| r.uid == uid)
+                && is_running(j)
+        })
+        .await
+        .ok()?;
+    let mut active: Vec<ObjectReference> = cached
+        .iter()
+        .map(|j| job_reference(j))
+        .chain(started.map(job_reference))
+        .filter(|r| r.name.is_some() && r.name.as_deref() != ended)
+        .collect();
+    active.sort_by(|a, b| a.name.cmp(&b.name));
+    active.dedup_by(|a, b| a.name == b.name);
+    Some(active)
 }
 
 /// Read-modify-write of the conditions, guarded by resourceVersion, retried on conflict.

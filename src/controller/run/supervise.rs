@@ -6,7 +6,9 @@ use super::super::events::{self, Reason};
 use super::super::jobs::{job_state, JobState};
 use super::super::status::{condition_is_true, ConditionUpdate};
 use super::super::Context;
-use super::report::{bounded, patch_status, record, update_condition, API_CALL_LIMIT};
+use super::report::{
+    active_after, bounded, patch_status, record, update_condition, API_CALL_LIMIT,
+};
 use crate::api::{conditions, LockedJob, RunOutcome};
 use crate::metrics::RunResult;
 use crate::redlock::{Lease, LeaseTiming, Watchdog};
@@ -180,6 +182,9 @@ async fn on_finished(ctx: &Context, lj: &LockedJob, run: &HeldRun, state: JobSta
     let mut status = json!({"lastRun": record(&run.lease, job_name, run.scheduled, outcome, None)});
     if succeeded {
         status["lastSuccessfulTime"] = json!(Timestamp::now().to_string());
+    }
+    if let Some(active) = active_after(ctx, lj, None, Some(job_name)).await {
+        status["active"] = json!(active);
     }
     patch_status(ctx, lj, status).await;
     let lock_lost_shown = lj
