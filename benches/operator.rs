@@ -87,11 +87,15 @@ fn job_template() -> Value {
         "containers": [{"name": "main", "image": "busybox", "command": ["sleep", "3"]}]}}}})
 }
 
+/// The spec both sides share: the same schedule, policy, history and pods.
+fn spec() -> serde_json::Value {
+    json!({"schedule": "* * * * *", "concurrencyPolicy": "Forbid", "successfulJobsHistoryLimit": 1,
+        "failedJobsHistoryLimit": 1, "jobTemplate": job_template()})
+}
+
 fn cron_job(name: &str) -> CronJob {
     serde_json::from_value(json!({
-        "apiVersion": "batch/v1", "kind": "CronJob", "metadata": {"name": name},
-        "spec": {"schedule": "* * * * *", "concurrencyPolicy": "Forbid", "successfulJobsHistoryLimit": 1,
-            "failedJobsHistoryLimit": 1, "jobTemplate": job_template()}
+        "apiVersion": "batch/v1", "kind": "CronJob", "metadata": {"name": name}, "spec": spec()
     }))
     .expect("CronJob")
 }
@@ -99,8 +103,7 @@ fn cron_job(name: &str) -> CronJob {
 fn locked_job(name: &str) -> LockedJob {
     serde_json::from_value(json!({
         "apiVersion": "lockedjob.dev/v1alpha1", "kind": "LockedJob", "metadata": {"name": name},
-        "spec": {"schedule": "* * * * *", "concurrencyPolicy": "Forbid", "successfulJobsHistoryLimit": 1,
-            "failedJobsHistoryLimit": 1, "jobTemplate": job_template()}
+        "spec": spec()
     }))
     .expect("LockedJob")
 }

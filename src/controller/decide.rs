@@ -223,6 +223,14 @@ fn status_update(
         "{} of {} Redis nodes answer (quorum {})",
         seen.reachable, seen.nodes, seen.quorum
     );
+    // Redis health is each replica's own view, and under load views differ (one replica's probe
+    // times out, another's does not): if all wrote theirs, they would overwrite each other on
+    // every LockedJob at every reconcile. The last run's holder speaks for it; before a first
+    // run, anyone.
+    let speaks_for_redis = status
+        .last_run
+        .as_ref()
+        .is_none_or(|run| run.holder == seen.holder);
     let updates = [
         (
             conditions::INVALID_SPEC,
@@ -248,6 +256,9 @@ fn status_update(
     ];
     let mut conditions = status.conditions.clone();
     for (kind, value, reason, message, generation) in updates {
+        if kind == conditions::REDIS_DEGRADED && !speaks_for_redis {
+            continue;
+        }
         let update = ConditionUpdate {
             kind,
             status: value,
@@ -593,6 +604,69 @@ mod tests {
         assert!(conditions.iter().any(|c| c.type_ == "RedisDegraded"
             && c.status == "True"
             && c.message.contains("2 of 3")));
+    }
+
+    #[test]
+    fn redis_health_is_written_by_the_last_runs_holder_only() {
+        let healthy = valid(decide(
+            &locked_job(json!({})),
+            &observed("2026-01-01T10:05:30Z", vec![], 3),
+        ))
+        .status
+        .expect("a fresh object gets its conditions")
+        .conditions;
+        let last_run = |holder: &str| {
+            json!({"scheduledTime": "2026-01-01T10:05:00Z", "jobName": "report-1",
+                "fencingToken": 7, "holder": holder, "outcome": "Succeeded"})
+        };
+        // (what, last run's holder, nodes this replica sees answer, expected RedisDegraded)
+        let table = [
+            ("no run yet: anyone reports", None, 2, Some("True")),
+            (
+                "this replica ran it: it reports",
+                Some("east/r1"),
+                2,
+                Some("True"),
+            ),
+            (
+                "another replica ran it: its view stands",
+                Some("east/r2"),
+                2,
+                None,
+            ),
+            (
+                "another cluster ran it: its view stands",
+                Some("west/r1"),
+                2,
+                None,
+            ),
+            (
+                "nothing changed: nothing to write",
+                Some("east/r1"),
+                3,
+                None,
+            ),
+        ];
+        for (what, holder, reachable, expected) in table {
+            let mut status = json!({"conditions": healthy, "observedGeneration": 1});
+            if let Some(holder) = holder {
+                status["lastRun"] = last_run(holder);
+            }
+            let lj = locked_job(json!({"status": status}));
+            let plan = valid(decide(
+                &lj,
+                &observed("2026-01-01T10:06:30Z", vec![], reachable),
+            ));
+            let written = plan.status.map(|update| {
+                update
+                    .conditions
+                    .into_iter()
+                    .find(|c| c.type_ == "RedisDegraded")
+                    .map(|c| c.status)
+                    .unwrap_or_default()
+            });
+            assert_eq!(written.as_deref(), expected, "{what}");
+        }
     }
 
     #[test]

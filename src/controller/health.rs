@@ -33,6 +33,31 @@ impl Health {
     }
 }
 
+/// The number of answering Redis nodes as readiness and the RedisDegraded condition see it: it
+/// moves once two probes in a row are on the same side of it (to the nearer of the two), so a
+/// single probe that times out on a loaded machine does not flip the condition of every
+/// LockedJob (each flip is a status write per LockedJob). The first probe counts at once.
+#[derive(Debug, Default)]
+pub struct SteadyCount {
+    shown: Option<usize>,
+    last: Option<usize>,
+}
+
+impl SteadyCount {
+    /// Takes a probe's count; returns the count to show.
+    pub fn observe(&mut self, probed: usize) -> usize {
+        let shown = match (self.shown, self.last) {
+            (None, _) => probed,
+            (Some(shown), Some(last)) if last < shown && probed < shown => last.max(probed),
+            (Some(shown), Some(last)) if last > shown && probed > shown => last.min(probed),
+            (Some(shown), _) => shown,
+        };
+        self.shown = Some(shown);
+        self.last = Some(probed);
+        shown
+    }
+}
+
 pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
     TcpListener::bind(addr).await
 }
@@ -75,5 +100,36 @@ pub async fn serve(listener: TcpListener, ctx: Arc<Context>) {
                 let response = format!("HTTP/1.1 {code} {reason}\r\ncontent-type: {content_type}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}", body.len());
                 let _ = stream.write_all(response.as_bytes()).await;
             });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::SteadyCount;
+
+    #[test]
+    fn a_change_counts_once_two_probes_agree() {
+        // (what, probes, counts shown after each)
+        let table: [(&str, &[usize], &[usize]); 6] = [
+            ("the first probe counts at once", &[3], &[3]),
+            ("steady", &[5, 5, 5], &[5, 5, 5]),
+            ("one probe timed out: ignored", &[5, 4, 5, 5], &[5, 5, 5, 5]),
+            ("a node down for two probes", &[5, 4, 4, 4], &[5, 5, 4, 4]),
+            (
+                "back up after two probes",
+                &[3, 5, 3, 5, 5],
+                &[3, 3, 3, 3, 5],
+            ),
+            (
+                "flapping below: the better of the two",
+                &[5, 4, 3, 4, 3],
+                &[5, 5, 4, 4, 4],
+            ),
+        ];
+        for (what, probes, expected) in table {
+            let mut count = SteadyCount::default();
+            let shown: Vec<usize> = probes.iter().map(|&p| count.observe(p)).collect();
+            assert_eq!(shown, expected, "{what}");
+        }
     }
 }

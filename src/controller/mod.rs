@@ -74,10 +74,22 @@ impl Error {
             Error::JobCacheGone => "job_cache_gone",
             Error::Finalizer(inner) => match inner.as_ref() {
                 F::ApplyFailed(e) | F::CleanupFailed(e) => e.kind(),
+                F::AddFinalizer(_) if self.is_finalizer_race() => "finalizer_race",
                 F::AddFinalizer(_) | F::RemoveFinalizer(_) => "finalizer_patch",
                 F::UnnamedObject | F::InvalidFinalizer => "finalizer",
             },
         }
+    }
+}
+
+impl Error {
+    /// Another replica added the finalizer first: kube's patch carries a JSON-patch `test` of
+    /// the list it read, which fails with 422 (409 on a resourceVersion clash). Expected once
+    /// per new LockedJob for all replicas but one; the watch brings the new version.
+    pub fn is_finalizer_race(&self) -> bool {
+        use kube::runtime::finalizer::Error as F;
+        matches!(self, Error::Finalizer(inner) if matches!(inner.as_ref(),
+            F::AddFinalizer(kube::Error::Api(status)) if status.code == 422 || status.code == 409))
     }
 }
 
@@ -391,9 +403,10 @@ where
 }
 
 async fn probe_redis(ctx: Arc<Context>) {
+    let mut steady = health::SteadyCount::default();
     loop {
         let reachable = ctx.engine.reachable_nodes().await;
-        ctx.health.set_reachable(reachable);
+        ctx.health.set_reachable(steady.observe(reachable));
         tokio::time::sleep(Duration::from_secs(2)).await;
     }
 }
@@ -409,6 +422,31 @@ async fn wait_for_shutdown(ctx: Arc<Context>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn errors_are_counted_by_kind_and_a_finalizer_race_is_told_apart() {
+        use kube::runtime::finalizer::Error as F;
+        let api = |code: u16| {
+            let status: kube::core::Status =
+                serde_json::from_value(serde_json::json!({"code": code})).expect("status");
+            kube::Error::Api(Box::new(status))
+        };
+        let table = [
+            (F::AddFinalizer(api(422)), "finalizer_race", true),
+            (F::AddFinalizer(api(409)), "finalizer_race", true),
+            (F::AddFinalizer(api(500)), "finalizer_patch", false),
+            (F::RemoveFinalizer(api(422)), "finalizer_patch", false),
+            (F::ApplyFailed(Error::JobCacheGone), "job_cache_gone", false),
+        ];
+        for (inner, kind, race) in table {
+            let error = Error::Finalizer(Box::new(inner));
+            assert_eq!(
+                (error.kind(), error.is_finalizer_race()),
+                (kind, race),
+                "{error}"
+            );
+        }
+    }
 
     #[test]
     fn user_agent_names_the_replica_or_falls_back_to_the_bare_name() {

@@ -26,6 +26,10 @@ const ERROR_PAUSE: Duration = Duration::from_secs(5);
 
 pub fn error_policy(lj: Arc<LockedJob>, error: &Error, ctx: Arc<Context>) -> Action {
     ctx.metrics.reconcile_failed(error.kind());
+    if error.is_finalizer_race() {
+        tracing::debug!(namespace = ?lj.namespace(), name = %lj.name_any(), "another replica added the finalizer first");
+        return Action::requeue(run::jittered(CONFLICT_PAUSE));
+    }
     tracing::warn!(namespace = ?lj.namespace(), name = %lj.name_any(), %error, "reconcile failed; retrying");
     Action::requeue(ERROR_PAUSE)
 }

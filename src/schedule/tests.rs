@@ -382,25 +382,47 @@ proptest! {
         steps in proptest::collection::vec(1i64..60, 1..300),
     ) {
         let p = policy("*/2 * * * *"); // every 120 s; steps are shorter
-        let created = ts("2026-03-01T00:00:30Z");
-        let mut now = created;
-        let mut runs = Vec::new();
-        for step in steps {
-            now += SignedDuration::from_secs(step);
-            let history = History { created, last_schedule_time: runs.last().copied(), active_runs: 0 };
-            if let Decision::Run { scheduled, .. } = next_action(&p, now, &history) {
-                runs.push(scheduled);
-            }
-        }
-        let mut expected = Vec::new();
-        let mut cursor = created;
-        while let Some(t) = p.schedule.next_after(cursor) {
-            if t > now { break; }
-            expected.push(t);
-            cursor = t;
-        }
+        let (runs, now) = observe(&p, &steps);
+        let runs: Vec<Timestamp> = runs.into_iter().map(|(scheduled, _)| scheduled).collect();
+        let expected = started_by(&p, now);
         prop_assert_eq!(runs, expected);
     }
+}
+
+const WALK_START: &str = "2026-03-01T00:00:30Z";
+
+/// Calls `next_action` after each step of seconds from [`WALK_START`], recording each run as
+/// it would be; returns the runs (scheduled time, when it ran) and the last `now`.
+fn observe(p: &Policy, steps: &[i64]) -> (Vec<(Timestamp, Timestamp)>, Timestamp) {
+    let created = ts(WALK_START);
+    let mut now = created;
+    let mut runs: Vec<(Timestamp, Timestamp)> = Vec::new();
+    for &step in steps {
+        now += SignedDuration::from_secs(step);
+        let history = History {
+            created,
+            last_schedule_time: runs.last().map(|&(scheduled, _)| scheduled),
+            active_runs: 0,
+        };
+        if let Decision::Run { scheduled, .. } = next_action(p, now, &history) {
+            runs.push((scheduled, now));
+        }
+    }
+    (runs, now)
+}
+
+/// The scheduled times after [`WALK_START`] whose (jittered) start is at or before `now`.
+fn started_by(p: &Policy, now: Timestamp) -> Vec<Timestamp> {
+    let mut started = Vec::new();
+    let mut cursor = ts(WALK_START);
+    while let Some(t) = p.schedule.next_after(cursor) {
+        if p.start_of(t) > now {
+            break;
+        }
+        started.push(t);
+        cursor = t;
+    }
+    started
 }
 
 fn jittered(expr: &str, seconds: i64) -> Policy {
@@ -542,24 +564,12 @@ proptest! {
         jitter in 1i64..60,
     ) {
         let p = jittered("*/2 * * * *", jitter); // every 120 s; steps are shorter
-        let created = ts("2026-03-01T00:00:30Z");
-        let mut now = created;
-        let mut runs = Vec::new();
-        for step in steps {
-            now += SignedDuration::from_secs(step);
-            let history = History { created, last_schedule_time: runs.last().copied(), active_runs: 0 };
-            if let Decision::Run { scheduled, .. } = next_action(&p, now, &history) {
-                prop_assert!(p.start_of(scheduled) <= now, "{scheduled} ran at {now}, before its start");
-                runs.push(scheduled);
-            }
+        let (runs, now) = observe(&p, &steps);
+        for &(scheduled, ran_at) in &runs {
+            prop_assert!(p.start_of(scheduled) <= ran_at, "{scheduled} ran at {ran_at}, before its start");
         }
-        let mut expected = Vec::new();
-        let mut cursor = created;
-        while let Some(t) = p.schedule.next_after(cursor) {
-            if p.start_of(t) > now { break; }
-            expected.push(t);
-            cursor = t;
-        }
+        let runs: Vec<Timestamp> = runs.into_iter().map(|(scheduled, _)| scheduled).collect();
+        let expected = started_by(&p, now);
         prop_assert_eq!(runs, expected);
     }
 }
