@@ -35,18 +35,7 @@ pub fn is_expression(text: &str) -> bool {
 
 /// The first `count` scheduled times strictly after `after`.
 pub fn upcoming(schedule: &Schedule, after: Timestamp, count: usize) -> Vec<Timestamp> {
-    let mut times = Vec::with_capacity(count);
-    let mut cursor = after;
-    while times.len() < count {
-        match schedule.next_after(cursor) {
-            Some(t) => {
-                times.push(t);
-                cursor = t;
-            }
-            None => break,
-        }
-    }
-    times
+    schedule.times_after(after).take(count).collect()
 }
 
 /// One line a time: in the schedule's zone, and in UTC when that differs.

@@ -268,9 +268,7 @@ fn status_update(
         };
         set_condition(&mut conditions, update, seen.now);
     }
-    let mut active_refs: Vec<ObjectReference> = active.iter().map(|j| job_reference(j)).collect();
-    // By name: the cache's order is arbitrary, and a different order is a different list.
-    active_refs.sort_by(|a, b| a.name.cmp(&b.name));
+    let active_refs = active_list(active.iter().copied());
     let others_changed = !same_conditions(&conditions, &status.conditions)
         || status.observed_generation != generation;
     if !others_changed && status.active == active_refs {
@@ -319,7 +317,16 @@ fn active_change_defer(
     (!wait.is_zero()).then_some(wait)
 }
 
-pub(crate) fn job_reference(job: &Job) -> ObjectReference {
+/// `status.active` for these Jobs: sorted by name, each once. The cache's order is arbitrary,
+/// and a list in another order is another list to compare and write.
+pub(crate) fn active_list<'a>(jobs: impl IntoIterator<Item = &'a Job>) -> Vec<ObjectReference> {
+    let mut list: Vec<ObjectReference> = jobs.into_iter().map(job_reference).collect();
+    list.sort_by(|a, b| a.name.cmp(&b.name));
+    list.dedup_by(|a, b| a.name == b.name);
+    list
+}
+
+fn job_reference(job: &Job) -> ObjectReference {
     ObjectReference {
         api_version: Some("batch/v1".into()),
         kind: Some("Job".into()),
@@ -399,6 +406,17 @@ mod tests {
             quorum: 2,
             holder: "east/r1".into(),
         }
+    }
+
+    /// The conditions a fresh LockedJob gets with every Redis node answering.
+    fn healthy_conditions() -> Vec<Condition> {
+        valid(decide(
+            &locked_job(json!({})),
+            &observed("2026-01-01T10:05:00Z", vec![], 3),
+        ))
+        .status
+        .expect("a fresh object gets its conditions")
+        .conditions
     }
 
     fn valid(plan: Plan) -> ValidPlan {
@@ -485,13 +503,7 @@ mod tests {
 
     #[test]
     fn a_change_of_active_alone_is_left_to_the_run_for_a_grace_period() {
-        let conditions = valid(decide(
-            &locked_job(json!({})),
-            &observed("2026-01-01T10:05:00Z", vec![], 3),
-        ))
-        .status
-        .expect("fresh conditions")
-        .conditions;
+        let conditions = healthy_conditions();
         let written = |active: serde_json::Value| {
             locked_job(json!({"status": {"conditions": conditions.clone(),
                 "observedGeneration": 1, "active": active}}))
@@ -608,13 +620,7 @@ mod tests {
 
     #[test]
     fn redis_health_is_written_by_the_last_runs_holder_only() {
-        let healthy = valid(decide(
-            &locked_job(json!({})),
-            &observed("2026-01-01T10:05:30Z", vec![], 3),
-        ))
-        .status
-        .expect("a fresh object gets its conditions")
-        .conditions;
+        let healthy = healthy_conditions();
         let last_run = |holder: &str| {
             json!({"scheduledTime": "2026-01-01T10:05:00Z", "jobName": "report-1",
                 "fencingToken": 7, "holder": holder, "outcome": "Succeeded"})

@@ -80,9 +80,7 @@ impl Error {
             },
         }
     }
-}
 
-impl Error {
     /// Another replica added the finalizer first: kube's patch carries a JSON-patch `test` of
     /// the list it read, which fails with 422 (409 on a resourceVersion clash). Expected once
     /// per new LockedJob for all replicas but one; the watch brings the new version.
@@ -150,6 +148,18 @@ impl Context {
             .state_filter(|job| job.metadata.namespace.as_deref() == Some(namespace) && keep(job)))
     }
 
+    /// The LockedJob's Jobs in the cache: its label and its owner reference (a Job left by an
+    /// earlier LockedJob of the same name has another owner uid).
+    pub async fn jobs_of(&self, lj: &LockedJob) -> Result<Vec<Arc<Job>>, Error> {
+        use kube::ResourceExt;
+        let (name, uid) = (lj.name_any(), lj.uid().unwrap_or_default());
+        self.cached_jobs(&lj.namespace().unwrap_or_default(), |j| {
+            j.labels().get(jobs::LABEL_LOCKED_JOB) == Some(&name)
+                && j.owner_references().iter().any(|r| r.uid == uid)
+        })
+        .await
+    }
+
     /// One cached Job; `None` also when the cache has not seen it (yet).
     pub fn cached_job(&self, namespace: &str, name: &str) -> Option<Arc<Job>> {
         self.job_cache(namespace)?
@@ -167,8 +177,8 @@ impl Context {
 /// lists) from their own mappings, returned to the system when freed. By default glibc raises
 /// that threshold after the first such free, up to 32 MiB, and the large buffers then land in
 /// the heap, whose freed holes it keeps: with 1,000 idle LockedJobs a replica's RSS was
-/// 63–75 MiB with the default and 32–33 MiB with this (`BENCH_IDLE=1 cargo bench --bench
-/// operator`). Call it before the async runtime starts: called from inside it, the figure was
+/// 63–75 MiB with the default and 32–33 MiB with this (measured with the idle mode of the
+/// LockedJob-only operator bench that `benches/operator.rs` replaced). Call it before the async runtime starts: called from inside it, the figure was
 /// 41–52 MiB.
 pub fn return_large_allocations_to_the_system() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]

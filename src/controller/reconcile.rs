@@ -4,7 +4,7 @@
 
 use super::decide::{decide, Observed, Plan, RunNow, StatusUpdate, ValidPlan};
 use super::events::{self, Reason};
-use super::jobs::{is_running, LABEL_LOCKED_JOB};
+use super::jobs::is_running;
 use super::{run, Context, Error, FINALIZER};
 use crate::api::LockedJob;
 use crate::schedule::TOO_MANY_MISSED;
@@ -57,7 +57,7 @@ pub async fn reconcile(lj: Arc<LockedJob>, ctx: Arc<Context>) -> Result<Action, 
 /// the finalizer.
 async fn cleanup(lj: Arc<LockedJob>, ctx: Arc<Context>) -> Result<Action, Error> {
     let namespace = lj.namespace().ok_or(Error::NoNamespace)?;
-    let seen = observe(&ctx, &lj, &namespace).await?;
+    let seen = observe(&ctx, &lj).await?;
     let active: Vec<Job> = seen.jobs.into_iter().filter(is_running).collect();
     run::stop_all(&ctx, &namespace, &active).await;
     tracing::info!("LockedJob deleted: its Jobs were stopped");
@@ -69,7 +69,7 @@ async fn apply(lj: Arc<LockedJob>, ctx: Arc<Context>) -> Result<Action, Error> {
         return Ok(Action::await_change());
     }
     let namespace = lj.namespace().ok_or(Error::NoNamespace)?;
-    let seen = observe(&ctx, &lj, &namespace).await?;
+    let seen = observe(&ctx, &lj).await?;
     match decide(&lj, &seen) {
         Plan::Invalid { message, report } => {
             if let Some(status) = report {
@@ -85,13 +85,9 @@ async fn apply(lj: Arc<LockedJob>, ctx: Arc<Context>) -> Result<Action, Error> {
 
 /// The LockedJob's Jobs (its label and owner reference) from the watch cache, and the rest of
 /// what `decide` needs.
-async fn observe(ctx: &Context, lj: &LockedJob, namespace: &str) -> Result<Observed, Error> {
-    let (name, uid) = (lj.name_any(), lj.uid().unwrap_or_default());
+async fn observe(ctx: &Context, lj: &LockedJob) -> Result<Observed, Error> {
     let jobs = ctx
-        .cached_jobs(namespace, |j| {
-            j.labels().get(LABEL_LOCKED_JOB) == Some(&name)
-                && j.owner_references().iter().any(|r| r.uid == uid)
-        })
+        .jobs_of(lj)
         .await?
         .iter()
         .map(|j| Job::clone(j))

@@ -4,7 +4,7 @@ use super::config::RedlockConfig;
 use super::error::ConfigError;
 use super::error::{Failures, LockError, NodeErrorKind, NodeFailure};
 use super::inspect::{LockView, NodeView};
-use super::lease::Lease;
+use super::lease::{holder_of, most_common, Lease};
 use super::node::Node;
 use super::scripts;
 use super::timing::{backoff, drift_allowance, may_hold_quorum, quorum, validity};
@@ -585,21 +585,9 @@ impl Redlock {
         let round = self
             .round::<Option<String>>("holder", &invocation, None)
             .await;
-        let mut counts: Vec<(String, usize)> = Vec::new();
-        for value in round.replies.into_iter().filter_map(|(_, v)| v) {
-            match counts.iter_mut().find(|(v, _)| *v == value) {
-                Some((_, n)) => *n += 1,
-                None => counts.push((value, 1)),
-            }
-        }
-        counts
-            .into_iter()
-            .find(|(_, n)| *n >= self.inner.quorum)
-            .map(|(value, _)| {
-                value
-                    .rsplit_once('/')
-                    .map_or(value.clone(), |(h, _)| h.to_string())
-            })
+        most_common(round.replies.iter().filter_map(|(_, v)| v.as_deref()))
+            .filter(|(_, count)| *count >= self.inner.quorum)
+            .map(|(value, _)| holder_of(value).to_string())
     }
 
     /// Every node's view of `name`: value, TTL, fence and progress registers, or why the node

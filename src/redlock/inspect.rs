@@ -1,6 +1,7 @@
 //! A lock as the nodes see it, for `lockedjob status`: each node's value, TTL, fence and
 //! progress registers, and what a quorum of them says.
 
+use super::lease::{holder_of, most_common};
 use serde::Serialize;
 
 /// One node's answer.
@@ -35,8 +36,7 @@ impl NodeView {
 
     /// The holder part of the value (`cluster/runner`).
     pub fn holder(&self) -> Option<&str> {
-        let value = self.value.as_deref()?;
-        Some(value.rsplit_once('/').map_or(value, |(holder, _)| holder))
+        self.value.as_deref().map(holder_of)
     }
 }
 
@@ -63,19 +63,10 @@ pub struct LockView {
 impl LockView {
     pub fn new(lock: &str, quorum: usize, nodes: Vec<NodeView>) -> Self {
         let answering: Vec<&NodeView> = nodes.iter().filter(|n| n.error.is_none()).collect();
-        let mut counts: Vec<(&str, usize)> = Vec::new();
-        for value in answering.iter().filter_map(|n| n.value.as_deref()) {
-            match counts.iter_mut().find(|(v, _)| *v == value) {
-                Some((_, count)) => *count += 1,
-                None => counts.push((value, 1)),
-            }
-        }
-        let top = counts.iter().max_by_key(|(_, count)| *count).copied();
+        let top = most_common(answering.iter().filter_map(|n| n.value.as_deref()));
         let holder = top
             .filter(|(_, count)| *count >= quorum)
-            .and_then(|(value, _)| answering.iter().find(|n| n.value.as_deref() == Some(value)))
-            .and_then(|n| n.holder())
-            .map(str::to_string);
+            .map(|(value, _)| holder_of(value).to_string());
         let token = quorum_value(answering.iter().map(|n| n.fence.unwrap_or(0)), quorum);
         let progress = quorum_value(answering.iter().map(|n| n.progress.unwrap_or(0)), quorum);
         Self {

@@ -98,20 +98,18 @@ impl Schedule {
             .map(|z| z.timestamp())
     }
 
+    /// The scheduled times strictly after `after`, in order (ending only where the schedule
+    /// has no further time).
+    pub fn times_after(&self, after: Timestamp) -> impl Iterator<Item = Timestamp> + '_ {
+        std::iter::successors(self.next_after(after), move |t| self.next_after(*t))
+    }
+
     /// Scheduled times in `(after, until]`, counted up to `cap`.
     pub fn count_between(&self, after: Timestamp, until: Timestamp, cap: u64) -> u64 {
-        let mut count = 0;
-        let mut cursor = after;
-        while count < cap {
-            match self.next_after(cursor) {
-                Some(t) if t <= until => {
-                    count += 1;
-                    cursor = t;
-                }
-                _ => break,
-            }
-        }
-        count
+        self.times_after(after)
+            .take_while(|t| *t <= until)
+            .take(usize::try_from(cap).unwrap_or(usize::MAX))
+            .count() as u64
     }
 }
 

@@ -413,16 +413,10 @@ fn observe(p: &Policy, steps: &[i64]) -> (Vec<(Timestamp, Timestamp)>, Timestamp
 
 /// The scheduled times after [`WALK_START`] whose (jittered) start is at or before `now`.
 fn started_by(p: &Policy, now: Timestamp) -> Vec<Timestamp> {
-    let mut started = Vec::new();
-    let mut cursor = ts(WALK_START);
-    while let Some(t) = p.schedule.next_after(cursor) {
-        if p.start_of(t) > now {
-            break;
-        }
-        started.push(t);
-        cursor = t;
-    }
-    started
+    p.schedule
+        .times_after(ts(WALK_START))
+        .take_while(|t| p.start_of(*t) <= now)
+        .collect()
 }
 
 fn jittered(expr: &str, seconds: i64) -> Policy {

@@ -84,10 +84,6 @@ pub(super) async fn launch(
     // The time is already recorded as started (phase 2), so nobody else will run it: keep
     // trying to create the Job while the lease leaves room, or it is lost.
     let created = create_job(&jobs, &job, &lease).await;
-    let new_job = match &created {
-        Created::New(job) => Some(Job::clone(job)),
-        _ => None,
-    };
     // Lag counts from the start the jitter gives the time (the time itself without jitter).
     let start = valid.policy.start_of(scheduled);
     if !report_created(
@@ -97,7 +93,7 @@ pub(super) async fn launch(
         &job_name,
         (scheduled, start),
         manual,
-        created,
+        &created,
     )
     .await
     {
@@ -112,7 +108,11 @@ pub(super) async fn launch(
     } else {
         status["lastScheduleTime"] = json!(scheduled.to_string());
     }
-    if let Some(active) = active_after(ctx, lj, new_job.as_ref(), None).await {
+    let new_job = match &created {
+        Created::New(job) => Some(job.as_ref()),
+        _ => None,
+    };
+    if let Some(active) = active_after(ctx, lj, new_job, None).await {
         status["active"] = json!(active);
     }
     patch_status(ctx, lj, status).await;
@@ -127,7 +127,7 @@ async fn report_created(
     job_name: &str,
     (scheduled, start): (Timestamp, Timestamp),
     manual: bool,
-    created: Created,
+    created: &Created,
 ) -> bool {
     match created {
         Created::New(_) => {

@@ -85,7 +85,7 @@ pub async fn start(
         let Some(_starting) = ctx.runs.claim_start(&key) else {
             return;
         };
-        if ctx.runs.settled.holds(&key, Instant::now(), last_run) {
+        if settled.holds(&key, Instant::now(), last_run) {
             return;
         }
         let last_holder = lj

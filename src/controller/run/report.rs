@@ -2,8 +2,8 @@
 //! conditions, the run-now annotation cleared, Jobs stopped. Every call is bounded: a run
 //! whose lease runs out must not wait on the API server past it.
 
-use super::super::decide::job_reference;
-use super::super::jobs::{is_running, LABEL_LOCKED_JOB};
+use super::super::decide::active_list;
+use super::super::jobs::is_running;
 use super::super::status::{set_condition, ConditionUpdate};
 use super::super::Context;
 use crate::api::{LockedJob, RunOutcome, RunRecord, ANNOTATION_RUN_NOW};
@@ -55,7 +55,7 @@ pub(super) async fn patch_status(ctx: &Context, lj: &LockedJob, status: serde_js
 }
 
 /// `status.active` once `started` began or `ended` finished: the LockedJob's running Jobs in
-/// this replica's cache with that one added or removed, sorted as `decide` sorts them. The
+/// this replica's cache with that one added or removed, built as `decide` builds it. The
 /// run's own status patch carries it, so the other replicas can leave it alone
 /// (`decide::ACTIVE_GRACE`). `None` when the cache cannot be read.
 pub(super) async fn active_after(
@@ -64,25 +64,13 @@ pub(super) async fn active_after(
     started: Option<&Job>,
     ended: Option<&str>,
 ) -> Option<Vec<ObjectReference>> {
-    let (name, uid) = (lj.name_any(), lj.uid().unwrap_or_default());
-    let namespace = lj.namespace().unwrap_or_default();
-    let cached = ctx
-        .cached_jobs(&namespace, |j| {
-            j.labels().get(LABEL_LOCKED_JOB) == Some(&name)
-                && j.owner_references().iter().any(|r| r.uid == uid)
-                && is_running(j)
-        })
-        .await
-        .ok()?;
-    let mut active: Vec<ObjectReference> = cached
-        .iter()
-        .map(|j| job_reference(j))
-        .chain(started.map(job_reference))
-        .filter(|r| r.name.is_some() && r.name.as_deref() != ended)
-        .collect();
-    active.sort_by(|a, b| a.name.cmp(&b.name));
-    active.dedup_by(|a, b| a.name == b.name);
-    Some(active)
+    let cached = ctx.jobs_of(lj).await.ok()?;
+    let running = cached.iter().map(|j| j.as_ref()).filter(|j| is_running(j));
+    Some(active_list(
+        running
+            .chain(started)
+            .filter(|j| Some(j.name_any().as_str()) != ended),
+    ))
 }
 
 /// Read-modify-write of the conditions, guarded by resourceVersion, retried on conflict.
