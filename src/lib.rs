@@ -5,6 +5,7 @@
 //! [`exec`] (run a command under a lock).
 
 pub mod api;
+pub mod backfill;
 pub mod controller;
 pub mod exec;
 pub mod lab;

@@ -44,6 +44,11 @@ enum Command {
     ///
     /// Exit codes: 0; 1 the schedule has no future time; 64 bad expression or no such LockedJob.
     Next(lockedjob::next::NextArgs),
+    /// Run the scheduled times of a past range once each (`--from`, `--to`), cancel that
+    /// (`--cancel`), or show how far it got (neither).
+    ///
+    /// Exit codes: 0; 64 bad range or no such LockedJob; 69 the cluster cannot be reached.
+    Backfill(lockedjob::backfill::BackfillArgs),
     /// Print a shell completion script, e.g. `lockedjob completions bash > /etc/bash_completion.d/lockedjob`.
     Completions { shell: clap_complete::Shell },
     /// Print the LockedJob CustomResourceDefinition (YAML), as committed in crds/.
@@ -106,6 +111,7 @@ fn main() {
             Command::LabClient(args) => lockedjob::lab::client::run(args).await,
             Command::Status(args) => lockedjob::status::run(*args).await,
             Command::Next(args) => lockedjob::next::run(args).await,
+            Command::Backfill(args) => lockedjob::backfill::run(args).await,
             Command::Crd | Command::Lab(_) | Command::Completions { .. } => 0,
         }
     });

@@ -99,8 +99,14 @@ fn schema_carries_defaults_enums_ranges_and_cel_rules() {
     assert_eq!(props["concurrencyPolicy"]["default"], "Forbid");
     assert_eq!(
         props["concurrencyPolicy"]["enum"],
-        serde_json::json!(["Allow", "Forbid", "Replace"])
+        serde_json::json!(["Allow", "Forbid", "Replace", "BufferOne"])
     );
+    assert_eq!(props["catchUp"]["default"], "Latest");
+    assert_eq!(
+        props["catchUp"]["enum"],
+        serde_json::json!(["Latest", "All"])
+    );
+    assert_eq!(props["maxCatchUp"]["maximum"].as_f64(), Some(1000.0));
     assert_eq!(props["successfulJobsHistoryLimit"]["default"], 3);
     assert_eq!(props["failedJobsHistoryLimit"]["default"], 1);
     assert_eq!(props["lock"]["properties"]["ttlSeconds"]["default"], 30);

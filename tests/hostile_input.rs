@@ -6,7 +6,7 @@
 use jiff::Timestamp;
 use lockedjob::api::{validate, LockedJobSpec};
 use lockedjob::redlock::{Redlock, RedlockConfig};
-use lockedjob::schedule::{parse_run_now, Schedule};
+use lockedjob::schedule::{parse_run_now, BackfillRange, Schedule, MAX_BACKFILL};
 use proptest::prelude::*;
 
 /// Cron-ish text: the characters cron uses, so most inputs get past the field count.
@@ -163,6 +163,28 @@ proptest! {
         match parse_run_now(&value) {
             Ok(time) => prop_assert_eq!(parse_run_now(&time.to_string()), Ok(time)),
             Err(message) => prop_assert!(message.contains("kubectl annotate")),
+        }
+    }
+
+    /// The backfill annotation: an accepted range is in the past, in order, and holds 1 to
+    /// MAX_BACKFILL scheduled times; anything else is refused with a message, never a panic.
+    #[test]
+    fn backfill_annotation(
+        value in prop_oneof![
+            "\\PC{0,60}",
+            "2026-0[1-3]-[0-2][0-9]T[0-2][0-9]:[0-5][0-9]:00Z/2026-0[1-3]-[0-2][0-9]T[0-2][0-9]:[0-5][0-9]:00Z",
+        ],
+        which in 0..3usize,
+    ) {
+        let schedule = Schedule::parse(["@hourly", "*/5 * * * *", "0 0 * * * *"][which], None).expect("schedule");
+        let now: Timestamp = "2026-06-01T00:00:00Z".parse().expect("now");
+        match BackfillRange::parse(&value, &schedule, now) {
+            Ok(range) => {
+                prop_assert!(range.from <= range.to && range.to <= now);
+                prop_assert!((1..=MAX_BACKFILL).contains(&range.count(&schedule)));
+                prop_assert_eq!(range.next(&schedule, None).map(|t| t >= range.from), Some(true));
+            }
+            Err(message) => prop_assert!(!message.is_empty()),
         }
     }
 }

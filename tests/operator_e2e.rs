@@ -597,3 +597,346 @@ async fn shutdown_while_a_run_is_starting_leaves_no_lock_behind() {
         logs_of(&lab.replicas)
     );
 }
+
+/// The scheduled times of `runs` (each once, as `check` ensures), in the order they started.
+fn scheduled_in_start_order(runs: &[e2e::Run]) -> Vec<jiff::Timestamp> {
+    let mut runs = runs.to_vec();
+    runs.sort_by(|a, b| a.start.total_cmp(&b.start));
+    runs.iter()
+        .map(|r| r.scheduled.parse().expect("scheduled time"))
+        .collect()
+}
+
+/// Two replicas of each of two clusters over one set of Redis nodes.
+fn replicas_of_two(
+    east: &Cluster,
+    west: &Cluster,
+    nodes: &RedisNodes,
+    dir: &std::path::Path,
+) -> Vec<Replica> {
+    let mut replicas = Vec::new();
+    for (cluster_id, cluster) in [("east", east), ("west", west)] {
+        for i in 0..2 {
+            replicas.push(Replica::start(
+                cluster,
+                &nodes.urls(),
+                cluster_id,
+                &format!("r{i}"),
+                dir,
+            ));
+        }
+    }
+    replicas
+}
+
+/// `spec.catchUp: All`: the LockedJobs exist in both clusters while no operator runs; once
+/// the replicas start, every missed time runs once across both, oldest first, then the
+/// schedule goes on: no scheduled time from the creation on is skipped or run twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn catch_up_all_runs_every_missed_time_once_across_two_clusters() {
+    for (east, west) in cluster_pairs().await {
+        catch_up_all(east, west).await;
+    }
+}
+
+async fn catch_up_all(east: Cluster, west: Cluster) {
+    use jiff::{SignedDuration, Timestamp};
+    use kube::ResourceExt;
+    let nodes = RedisNodes::start(5, Persistence::AppendFsyncAlways).expect("start redis-server");
+    let dir = tempfile::tempdir().expect("dir");
+    let mut created = Vec::new();
+    for (cluster_id, cluster) in [("east", &east), ("west", &west)] {
+        let mut lj = cluster.journaled(
+            "caught",
+            &cluster.every(2),
+            cluster_id,
+            Some("global/caught"),
+            0.3,
+        );
+        lj.spec.catch_up = lockedjob::api::CatchUpPolicy::All;
+        lj.spec.max_catch_up = Some(50);
+        let lj = cluster
+            .api::<LockedJob>()
+            .create(&PostParams::default(), &lj)
+            .await
+            .expect("create");
+        created.push(lj.creation_timestamp().expect("created").0);
+    }
+    // The operator is down while several times come due.
+    let outage = east.secs(8.0);
+    tokio::time::sleep(outage).await;
+    let replicas = replicas_of_two(&east, &west, &nodes, dir.path());
+    let journal = Journal::new(vec![east.api(), west.api()]);
+    let enough = journal
+        .wait_for(east.secs(90.0), |runs| runs.len() >= 8)
+        .await;
+    for r in &replicas {
+        r.signal(Signal::SIGTERM);
+    }
+    let runs = journal.runs().await;
+    let logs = logs_of(&replicas);
+    assert!(
+        enough,
+        "too few runs on the {} ({}):\n{logs}",
+        east.name,
+        runs.len()
+    );
+    check(&runs).unwrap_or_else(|e| panic!("{e}\n{logs}"));
+    let order = scheduled_in_start_order(&runs);
+    assert!(
+        order.windows(2).all(|w| w[0] < w[1]),
+        "oldest first: {order:?}"
+    );
+    let first_created = created.iter().min().copied().expect("two");
+    let period = SignedDuration::from_secs(east.secs(2.0).as_secs() as i64);
+    let schedule = lockedjob::schedule::Schedule::parse(&east.every(2), None).expect("schedule");
+    let expected: Vec<Timestamp> = schedule
+        .times_after(first_created)
+        .take(order.len())
+        .collect();
+    assert_eq!(
+        order, expected,
+        "every time from the creation on, none skipped\n{logs}"
+    );
+    // The first ones came due during the outage and ran late: caught up, not scheduled.
+    let first = runs
+        .iter()
+        .find(|r| r.scheduled == expected[0].to_string())
+        .expect("first");
+    let due: Timestamp = expected[0];
+    assert!(
+        first.start - due.as_millisecond() as f64 / 1000.0
+            >= (outage.as_secs_f64() - period.as_secs_f64()),
+        "the first missed time ran after the outage: {first:?}"
+    );
+}
+
+/// Backfill: the same range requested in two clusters (one with `lockedjob backfill`) runs
+/// each of its times once across both, in order, and both report it complete; a second range,
+/// cancelled in both, stops starting runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backfill_runs_each_time_once_across_two_clusters_and_stops_when_cancelled() {
+    for (east, west) in cluster_pairs().await {
+        backfill(east, west).await;
+    }
+}
+
+async fn backfill(east: Cluster, west: Cluster) {
+    use jiff::{SignedDuration, Timestamp};
+    use kube::api::{Patch, PatchParams};
+    use lockedjob::api::BackfillPhase;
+    let nodes = RedisNodes::start(5, Persistence::AppendFsyncAlways).expect("start redis-server");
+    let dir = tempfile::tempdir().expect("dir");
+    let step = east.secs(2.0).as_secs() as i64;
+    for (cluster_id, cluster) in [("east", &east), ("west", &west)] {
+        let mut lj = cluster.journaled(
+            "filled",
+            &cluster.every(2),
+            cluster_id,
+            Some("global/filled"),
+            0.2,
+        );
+        // Suspended: the schedule starts nothing; a backfill still runs.
+        lj.spec.suspend = true;
+        cluster
+            .api::<LockedJob>()
+            .create(&PostParams::default(), &lj)
+            .await
+            .expect("create");
+    }
+    let replicas = replicas_of_two(&east, &west, &nodes, dir.path());
+    let journal = Journal::new(vec![east.api(), west.api()]);
+    let now = Timestamp::now().as_second();
+    let at = |s: i64| Timestamp::from_second(s).expect("time");
+    let from = at((now - 40 * step) / step * step);
+    let to = from + SignedDuration::from_secs(5 * step);
+    // East through the CLI, west with the annotation directly.
+    let cli = |args: &[&str]| {
+        std::process::Command::new(support::lockedjob_bin())
+            .arg("backfill")
+            .args(args)
+            .args(["--namespace", &east.namespace])
+            .env("KUBECONFIG", east.kubeconfig())
+            .output()
+            .expect("run lockedjob backfill")
+    };
+    let out = cli(&[
+        "filled",
+        "--from",
+        &from.to_string(),
+        "--to",
+        &to.to_string(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("6 scheduled times"),
+        "{out:?}"
+    );
+    let annotate = |cluster: &Cluster, value: Option<String>| {
+        let api = cluster.api::<LockedJob>();
+        let patch = json!({"metadata": {"annotations": {"lockedjob.dev/backfill": value}}});
+        async move {
+            api.patch("filled", &PatchParams::default(), &Patch::Merge(patch))
+                .await
+                .expect("annotate")
+        }
+    };
+    annotate(&west, Some(format!("{from}/{to}"))).await;
+    let in_range = |runs: &[e2e::Run]| {
+        runs.iter()
+            .filter(|r| {
+                r.scheduled
+                    .parse::<Timestamp>()
+                    .is_ok_and(|t| t >= from && t <= to)
+            })
+            .count()
+    };
+    let done = journal
+        .wait_for(east.secs(90.0), |runs| in_range(runs) >= 6)
+        .await;
+    let phase = |cluster: &Cluster| {
+        let api = cluster.api::<LockedJob>();
+        async move {
+            api.get("filled")
+                .await
+                .ok()
+                .and_then(|lj| lj.status?.backfill)
+                .map(|b| (b.phase, b.started, b.total))
+        }
+    };
+    let complete = eventually(east.secs(30.0), || async {
+        phase(&east).await == Some((BackfillPhase::Complete, 6, 6))
+            && phase(&west).await == Some((BackfillPhase::Complete, 6, 6))
+    })
+    .await;
+    let logs = logs_of(&replicas);
+    assert!(
+        done,
+        "backfill did not finish on the {}:\n{logs}",
+        east.name
+    );
+    assert!(
+        complete,
+        "status: east {:?}, west {:?}\n{logs}",
+        phase(&east).await,
+        phase(&west).await
+    );
+    let out = cli(&["filled"]);
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("Complete, 6 of 6 started"),
+        "{out:?}"
+    );
+    let runs = journal.runs().await;
+    check(&runs).unwrap_or_else(|e| panic!("{e}\n{logs}"));
+    let order = scheduled_in_start_order(&runs);
+    let expected: Vec<Timestamp> = (0..6)
+        .map(|i| from + SignedDuration::from_secs(i * step))
+        .collect();
+    assert_eq!(
+        order, expected,
+        "each time of the range once, in order\n{logs}"
+    );
+
+    // A long range, cancelled in both clusters after its first runs.
+    let long_from = at(from.as_second() - 200 * step);
+    let long_to = at(from.as_second() - step);
+    let long = format!("{long_from}/{long_to}");
+    annotate(&east, Some(long.clone())).await;
+    annotate(&west, Some(long)).await;
+    assert!(
+        journal
+            .wait_for(east.secs(60.0), |runs| runs.len() >= 8)
+            .await,
+        "the long backfill started\n{}",
+        logs_of(&replicas)
+    );
+    let out = cli(&["filled", "--cancel"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    annotate(&west, None).await;
+    assert!(
+        eventually(east.secs(20.0), || async {
+            phase(&east)
+                .await
+                .is_some_and(|p| p.0 == BackfillPhase::Cancelled)
+        })
+        .await,
+        "cancelled: {:?}",
+        phase(&east).await
+    );
+    // What started before the cancel finishes; then nothing more starts.
+    tokio::time::sleep(east.secs(8.0)).await;
+    let settled = journal.runs().await.len();
+    tokio::time::sleep(east.secs(8.0)).await;
+    let after = journal.runs().await;
+    for r in &replicas {
+        r.signal(Signal::SIGTERM);
+    }
+    let logs = logs_of(&replicas);
+    assert_eq!(after.len(), settled, "runs after the cancel\n{logs}");
+    assert!(
+        after.len() < 6 + 200,
+        "the long range did not run to its end"
+    );
+    check(&after).unwrap_or_else(|e| panic!("{e}\n{logs}"));
+}
+
+/// `BufferOne`: runs last longer than the period. The first time that comes due during a run
+/// starts once it ends, though that is past a 1-second starting deadline (which makes Forbid
+/// drop it), and the times after it in the same run are dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn buffer_one_runs_the_time_that_came_due_during_a_run_right_after_it() {
+    for cluster in clusters().await {
+        buffer_one(Lab::start(cluster, 3, 3)).await;
+    }
+}
+
+async fn buffer_one(lab: Lab) {
+    use lockedjob::api::ConcurrencyPolicy;
+    let c = &lab.cluster;
+    let mut lj = c.journaled("buffered", &c.every(2), "c1", None, 3.0);
+    lj.spec.concurrency_policy = ConcurrencyPolicy::BufferOne;
+    lj.spec.starting_deadline_seconds = Some(c.secs(1.0).as_secs() as i64);
+    c.api::<LockedJob>()
+        .create(&PostParams::default(), &lj)
+        .await
+        .expect("create");
+    let enough = lab
+        .journal
+        .wait_for(c.secs(90.0), |runs| runs.len() >= 4)
+        .await;
+    for r in &lab.replicas {
+        r.signal(Signal::SIGTERM);
+    }
+    let runs = lab.journal.runs().await;
+    let logs = logs_of(&lab.replicas);
+    assert!(
+        enough,
+        "too few runs on the {} ({}):\n{logs}",
+        c.name,
+        runs.len()
+    );
+    check(&runs).unwrap_or_else(|e| panic!("{e}\n{logs}"));
+    let order = scheduled_in_start_order(&runs);
+    let period = c.secs(2.0).as_secs() as i64;
+    let gaps: Vec<i64> = order
+        .windows(2)
+        .map(|w| (w[1] - w[0]).get_seconds())
+        .collect();
+    // Each run lasts more than a period: the next one came due during it. A gap of one period
+    // is that time, buffered; Forbid with the deadline would have dropped it.
+    assert!(
+        gaps.contains(&period),
+        "no buffered run among gaps {gaps:?}\n{logs}"
+    );
+    // Exactly one buffered: never more than one run per run's span, so the schedule falls
+    // behind by no more than the times dropped, and never runs two in a row out of order.
+    assert!(gaps.iter().all(|g| *g >= period), "{gaps:?}");
+}

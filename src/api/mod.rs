@@ -24,6 +24,10 @@ pub const ANNOTATION_HOLDER: &str = "lockedjob.dev/holder";
 pub const ANNOTATION_SCHEDULED_TIME: &str = "lockedjob.dev/scheduled-time";
 /// Set on a LockedJob to start a run now, like `kubectl create job --from=cronjob/x`.
 pub const ANNOTATION_RUN_NOW: &str = "lockedjob.dev/run-now";
+/// Set on a LockedJob to run the scheduled times of a past range, `FROM/TO` (RFC 3339, both
+/// included), once each across replicas and clusters; removing it cancels what has not
+/// started. `lockedjob backfill` sets and removes it.
+pub const ANNOTATION_BACKFILL: &str = "lockedjob.dev/backfill";
 
 /// Environment given to every Job pod (docs/design.md, "Names").
 pub const ENV_FENCING_TOKEN: &str = "LOCKEDJOB_FENCING_TOKEN";
@@ -121,6 +125,18 @@ pub struct LockedJobSpec {
     #[schemars(range(min = 0, max = 3600))]
     pub jitter_seconds: Option<i32>,
 
+    /// Which missed scheduled times run after a pause (an operator or Redis outage): `Latest`
+    /// (the default, as CronJob) runs only the most recent; `All` runs each, oldest first,
+    /// once across replicas and clusters, within startingDeadlineSeconds and at most
+    /// `maxCatchUp` of them.
+    #[serde(default)]
+    pub catch_up: CatchUpPolicy,
+
+    /// With `catchUp: All`, the most missed times to run (the most recent ones). Default 10.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1000))]
+    pub max_catch_up: Option<i32>,
+
     /// Finished successful Jobs to keep.
     #[serde(default = "default_successful_history")]
     #[schemars(range(min = 0, max = 100))]
@@ -158,6 +174,18 @@ pub enum ConcurrencyPolicy {
     Forbid,
     /// Stop the active Job, then run the new one.
     Replace,
+    /// Keep the first run that comes due while one is active, and start it as soon as that
+    /// one ends (even past startingDeadlineSeconds); drop any later ones.
+    BufferOne,
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum CatchUpPolicy {
+    /// Run only the most recent missed time.
+    #[default]
+    Latest,
+    /// Run every missed time, oldest first, up to maxCatchUp of them.
+    All,
 }
 
 /// The lease: its TTL bounds how long a dead holder blocks the job; renewals keep it while the
@@ -226,9 +254,41 @@ pub struct LockedJobStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
+    /// The backfill requested with the `lockedjob.dev/backfill` annotation, and how far it got.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backfill: Option<BackfillStatus>,
     /// The generation this status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
+}
+
+/// A backfill's progress. Every replica and cluster computes the same figures from `lastTime`.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BackfillStatus {
+    /// The range requested, both ends included.
+    pub from: Time,
+    pub to: Time,
+    pub phase: BackfillPhase,
+    /// Scheduled times in the range.
+    pub total: i64,
+    /// Times started (here or in another cluster sharing the lock), in order.
+    pub started: i64,
+    /// Times not started yet.
+    pub remaining: i64,
+    /// The last time started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_time: Option<Time>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum BackfillPhase {
+    /// Times remain; they start one after another, each once the lock is free.
+    Running,
+    /// Every time in the range started.
+    Complete,
+    /// The annotation was removed before the end: nothing more starts.
+    Cancelled,
 }
 
 /// One run of the job.

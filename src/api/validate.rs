@@ -1,9 +1,9 @@
 //! What the CRD schema cannot say: cron syntax, time zones, lease timing against the pods'
 //! shutdown time, derived name lengths. Every error names the field and the fix.
 
-use super::{ConcurrencyPolicy, LockedJobSpec};
+use super::{CatchUpPolicy, ConcurrencyPolicy, LockedJobSpec};
 use crate::redlock::{LeaseTiming, DEFAULT_DRIFT_FACTOR};
-use crate::schedule::{Concurrency, Jitter, Policy, Schedule};
+use crate::schedule::{CatchUp, Concurrency, Jitter, Policy, Schedule};
 use jiff::SignedDuration;
 use std::fmt;
 use std::time::Duration;
@@ -20,6 +20,9 @@ pub const MAX_LOCK_NAME_LENGTH: usize = 200;
 pub const STOP_SLACK_SECONDS: i64 = 2;
 /// The largest `spec.jitterSeconds`: an hour (the CRD schema says the same).
 pub const MAX_JITTER_SECONDS: i32 = 3600;
+/// `spec.maxCatchUp`'s default and bounds (the CRD schema says the same).
+pub const DEFAULT_MAX_CATCH_UP: i32 = 10;
+pub const MAX_CATCH_UP: i32 = 1000;
 /// Kubernetes' default `terminationGracePeriodSeconds`.
 const DEFAULT_GRACE_SECONDS: i64 = 30;
 
@@ -175,6 +178,8 @@ pub fn validate(
         }
     }
 
+    let catch_up = catch_up(spec, &mut errors);
+
     match (schedule, timing, errors.is_empty()) {
         (Some(schedule), Some(timing), true) => Ok(ValidSpec {
             policy: Policy {
@@ -184,7 +189,9 @@ pub fn validate(
                     ConcurrencyPolicy::Allow => Concurrency::Allow,
                     ConcurrencyPolicy::Forbid => Concurrency::Forbid,
                     ConcurrencyPolicy::Replace => Concurrency::Replace,
+                    ConcurrencyPolicy::BufferOne => Concurrency::BufferOne,
                 },
+                catch_up,
                 starting_deadline: spec
                     .starting_deadline_seconds
                     .map(SignedDuration::from_secs),
@@ -198,6 +205,50 @@ pub fn validate(
         }),
         _ => Err(errors),
     }
+}
+
+/// `spec.catchUp` and `spec.maxCatchUp`, with the combinations that cannot mean anything
+/// refused.
+fn catch_up(spec: &LockedJobSpec, errors: &mut Vec<SpecError>) -> CatchUp {
+    let all = spec.catch_up == CatchUpPolicy::All;
+    match (all, spec.max_catch_up) {
+        (false, Some(_)) => errors.push(error(
+            "spec.maxCatchUp",
+            "applies only with catchUp: All; set catchUp: All or remove maxCatchUp",
+        )),
+        (true, Some(max)) if !(1..=MAX_CATCH_UP).contains(&max) => errors.push(error(
+            "spec.maxCatchUp",
+            format!("is {max}; use 1 to {MAX_CATCH_UP}"),
+        )),
+        _ => {}
+    }
+    match spec.concurrency_policy {
+        ConcurrencyPolicy::Replace if all => errors.push(error(
+            "spec.catchUp",
+            "All with concurrencyPolicy Replace would stop each caught-up run as soon as the next starts; use Forbid or Allow with catchUp: All",
+        )),
+        ConcurrencyPolicy::BufferOne if all => errors.push(error(
+            "spec.catchUp",
+            "All runs every missed time, BufferOne at most one: choose one (Forbid with catchUp: All runs each in turn)",
+        )),
+        ConcurrencyPolicy::BufferOne
+            if spec.successful_jobs_history_limit < 1 || spec.failed_jobs_history_limit < 1 =>
+        {
+            errors.push(error(
+                "spec.concurrencyPolicy",
+                "BufferOne reads when the last run ended from its Job: keep successfulJobsHistoryLimit and failedJobsHistoryLimit at 1 or more",
+            ))
+        }
+        _ => {}
+    }
+    if !all {
+        return CatchUp::Latest;
+    }
+    let max = spec
+        .max_catch_up
+        .unwrap_or(DEFAULT_MAX_CATCH_UP)
+        .clamp(1, MAX_CATCH_UP);
+    CatchUp::All { max: max as u32 }
 }
 
 /// The lease must outlive one renewal period plus the time the pods need to stop after the
@@ -287,6 +338,10 @@ jobTemplate:
         assert_eq!(valid.timing.safety_margin, Duration::from_secs(7));
         assert_eq!(valid.policy.concurrency, Concurrency::Forbid);
         assert!(!valid.policy.schedule.has_seconds());
+        assert_eq!(valid.policy.catch_up, CatchUp::Latest);
+        let s = spec(&format!("schedule: '@hourly'\ncatchUp: All\n{TEMPLATE}"));
+        let valid = validate("team", "sweep", &s).expect("valid");
+        assert_eq!(valid.policy.catch_up, CatchUp::All { max: 10 });
     }
 
     #[test]
@@ -353,6 +408,37 @@ jobTemplate:
                 "a",
                 "spec.startingDeadlineSeconds",
                 "zero or more",
+            ),
+            (
+                "schedule: '@hourly'\nmaxCatchUp: 5".into(),
+                "a",
+                "spec.maxCatchUp",
+                "only with catchUp: All",
+            ),
+            (
+                "schedule: '@hourly'\ncatchUp: All\nmaxCatchUp: 0".into(),
+                "a",
+                "spec.maxCatchUp",
+                "use 1 to 1000",
+            ),
+            (
+                "schedule: '@hourly'\ncatchUp: All\nconcurrencyPolicy: Replace".into(),
+                "a",
+                "spec.catchUp",
+                "use Forbid or Allow",
+            ),
+            (
+                "schedule: '@hourly'\ncatchUp: All\nconcurrencyPolicy: BufferOne".into(),
+                "a",
+                "spec.catchUp",
+                "choose one",
+            ),
+            (
+                "schedule: '@hourly'\nconcurrencyPolicy: BufferOne\nsuccessfulJobsHistoryLimit: 0"
+                    .into(),
+                "a",
+                "spec.concurrencyPolicy",
+                "at 1 or more",
             ),
         ];
         for (extra, name, field, fragment) in table {

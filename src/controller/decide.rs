@@ -3,16 +3,23 @@
 //! dead holder, which finished Jobs to delete, what status to write and when to look again.
 //! `reconcile.rs` gathers the inputs and carries the plan out.
 
+use super::jobs::LABEL_BACKFILL;
 use super::jobs::{
     age, cleans_history, created_at, expired_history, finished_at, is_running, scheduled_time,
 };
 use super::status::{set_condition, ConditionUpdate};
-use crate::api::{conditions, describe, validate, LockedJob, ValidSpec, ANNOTATION_RUN_NOW};
-use crate::schedule::{next_action, parse_run_now, Decision, History, TOO_MANY_MISSED};
+use crate::api::{
+    conditions, describe, validate, BackfillPhase, BackfillStatus, LockedJob, ValidSpec,
+    ANNOTATION_BACKFILL, ANNOTATION_RUN_NOW,
+};
+use crate::schedule::{
+    next_action, parse_run_now, BackfillRange, Decision, History, Schedule, TOO_MANY_MISSED,
+};
 use jiff::Timestamp;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
 use std::time::Duration;
 
@@ -44,6 +51,8 @@ pub struct StatusUpdate {
     pub conditions: Vec<Condition>,
     pub active: Option<Vec<ObjectReference>>,
     pub observed_generation: Option<i64>,
+    /// The backfill's progress, when it changed phase (started, completed, cancelled).
+    pub backfill: Option<BackfillStatus>,
     /// Write only after this long: the change is `active` alone, from a Job that started or
     /// finished within `ACTIVE_GRACE`, which the run's own patch normally writes first.
     pub defer: Option<Duration>,
@@ -58,6 +67,15 @@ pub enum Plan {
         report: Option<StatusUpdate>,
     },
     Valid(Box<ValidPlan>),
+}
+
+/// What the `lockedjob.dev/backfill` annotation asks for now.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Backfill {
+    /// Start the run for this time of the range.
+    Start(BackfillRange, Timestamp),
+    /// A value that is no usable range: reported, then cleared (`value` is what to clear).
+    Refused { value: String, message: String },
 }
 
 /// What the `lockedjob.dev/run-now` annotation asks for.
@@ -76,6 +94,9 @@ pub struct ValidPlan {
     pub run_now: Option<RunNow>,
     /// A scheduled run to start, with the active Jobs to stop first (Replace).
     pub start: Option<(Timestamp, Vec<String>)>,
+    /// The backfill's next time to start (when no Job is active and no scheduled run starts),
+    /// or why the request is refused.
+    pub backfill: Option<Backfill>,
     /// More than `TOO_MANY_MISSED` due times were missed (worth a Warning Event).
     pub missed_too_many: bool,
     /// Active Jobs at least a TTL old: a replica that does not supervise one checks whether its
@@ -120,6 +141,7 @@ fn decide_invalid(lj: &LockedJob, now: Timestamp, message: String) -> Plan {
             conditions,
             active: None,
             observed_generation: generation,
+            backfill: None,
             defer: None,
         }
     });
@@ -143,6 +165,7 @@ fn decide_valid(lj: &LockedJob, seen: &Observed, valid: ValidSpec) -> ValidPlan 
             .map_or(seen.now, |t| t.0),
         last_schedule_time: last,
         active_runs: active.len(),
+        previous_run: last.and_then(|t| previous_run(&seen.jobs, t)),
     };
     let decision = next_action(&valid.policy, seen.now, &history);
     let active_names: Vec<String> = active.iter().map(|j| j.name_any()).collect();
@@ -178,13 +201,20 @@ fn decide_valid(lj: &LockedJob, seen: &Observed, valid: ValidSpec) -> ValidPlan 
                     message,
                 },
             });
+    let (backfill, backfill_status) = decide_backfill(lj, seen, &valid, start.is_some());
     let mut requeue = until(next, seen.now);
     if !active.is_empty() {
         requeue = requeue.min(valid.timing.ttl / 2);
     }
+    if matches!(backfill, Some(Backfill::Start(..))) {
+        // A time that another runner holds the lock for is tried again by this replica after
+        // its cooldown; nothing else may wake this LockedJob before then.
+        requeue = requeue.min(valid.timing.renew_interval);
+    }
     ValidPlan {
         run_now,
         start,
+        backfill,
         missed_too_many,
         delete: if cleans_history(&seen.jobs, &seen.holder, seen.now, ttl) {
             expired_history(
@@ -195,11 +225,100 @@ fn decide_valid(lj: &LockedJob, seen: &Observed, valid: ValidSpec) -> ValidPlan 
         } else {
             Vec::new()
         },
-        status: status_update(lj, seen, &valid, next, &active),
+        status: status_update(lj, seen, &valid, next, &active, backfill_status),
         orphan_candidates,
         requeue: requeue.max(Duration::from_millis(50)),
         valid,
     }
+}
+
+/// The backfill's next step, and its status when that changes phase. A time starts only while
+/// no Job of the LockedJob is active and no scheduled run starts: backfill runs one at a time,
+/// after the schedule's. Across clusters the lock and the backfill's register order them.
+fn decide_backfill(
+    lj: &LockedJob,
+    seen: &Observed,
+    valid: &ValidSpec,
+    scheduled_run_starts: bool,
+) -> (Option<Backfill>, Option<BackfillStatus>) {
+    let written = lj.status.as_ref().and_then(|s| s.backfill.as_ref());
+    let Some(value) = lj.annotations().get(ANNOTATION_BACKFILL) else {
+        // Removed while running: cancelled. What already started finishes.
+        let cancelled = written
+            .filter(|b| b.phase == BackfillPhase::Running)
+            .map(|b| BackfillStatus {
+                phase: BackfillPhase::Cancelled,
+                ..b.clone()
+            });
+        return (None, cancelled);
+    };
+    let schedule = &valid.policy.schedule;
+    let range = match BackfillRange::parse(value, schedule, seen.now) {
+        Ok(range) => range,
+        Err(message) => {
+            let refused = Backfill::Refused {
+                value: value.clone(),
+                message,
+            };
+            return (Some(refused), None);
+        }
+    };
+    // The request this status describes; set again after a cancel, it resumes (the
+    // register skips what started).
+    let same = written.filter(|b| {
+        b.from.0 == range.from && b.to.0 == range.to && b.phase != BackfillPhase::Cancelled
+    });
+    let last = same.and_then(|b| b.last_time.as_ref().map(|t| t.0));
+    let next = range.next(schedule, last);
+    let backfill_active = seen
+        .jobs
+        .iter()
+        .any(|j| is_running(j) && j.labels().get(LABEL_BACKFILL).is_some_and(|v| v == "true"));
+    let status = match (same, next) {
+        // A new request (or one replacing another): shown at once, before its first run.
+        (None, _) => Some(backfill_status(
+            &range,
+            schedule,
+            None,
+            BackfillPhase::Running,
+        )),
+        (Some(b), None) if b.phase == BackfillPhase::Running && !backfill_active => Some(
+            backfill_status(&range, schedule, last, BackfillPhase::Complete),
+        ),
+        _ => None,
+    };
+    let idle = !scheduled_run_starts && !seen.jobs.iter().any(is_running);
+    let start = next.filter(|_| idle).map(|t| Backfill::Start(range, t));
+    (start, status)
+}
+
+/// A backfill's progress with `last` the last time started: the same figures in every replica
+/// and cluster.
+pub fn backfill_status(
+    range: &BackfillRange,
+    schedule: &Schedule,
+    last: Option<Timestamp>,
+    phase: BackfillPhase,
+) -> BackfillStatus {
+    let total = range.count(schedule) as i64;
+    let remaining = range.count_after(schedule, last) as i64;
+    BackfillStatus {
+        from: Time(range.from),
+        to: Time(range.to),
+        phase,
+        total,
+        started: total - remaining,
+        remaining,
+        last_time: last.map(Time),
+    }
+}
+
+/// When the Job of the run for `scheduled` started and ended, once it has.
+fn previous_run(jobs: &[Job], scheduled: Timestamp) -> Option<(Timestamp, Timestamp)> {
+    let job = jobs
+        .iter()
+        .find(|j| scheduled_time(j) == Some(scheduled) && !is_running(j))?;
+    Some((created_at(job)?, finished_at(job)?))
 }
 
 /// Conditions and active Jobs every replica computes alike; `None` when nothing changed, so
@@ -210,6 +329,7 @@ fn status_update(
     valid: &ValidSpec,
     next: Option<Timestamp>,
     active: &[&Job],
+    backfill: Option<BackfillStatus>,
 ) -> Option<StatusUpdate> {
     let status = lj.status.clone().unwrap_or_default();
     let generation = lj.metadata.generation;
@@ -270,7 +390,8 @@ fn status_update(
     }
     let active_refs = active_list(active.iter().copied());
     let others_changed = !same_conditions(&conditions, &status.conditions)
-        || status.observed_generation != generation;
+        || status.observed_generation != generation
+        || backfill.is_some();
     if !others_changed && status.active == active_refs {
         return None;
     }
@@ -283,6 +404,7 @@ fn status_update(
         conditions,
         active: Some(active_refs),
         observed_generation: generation,
+        backfill,
         defer,
     })
 }
@@ -713,6 +835,171 @@ mod tests {
                 if value == "now please" && message.contains("RFC 3339")),
             "{:?}",
             plan.run_now
+        );
+    }
+
+    #[test]
+    fn a_backfill_runs_its_times_in_turn_and_reports_its_phase() {
+        let now = "2026-01-01T10:30:30Z";
+        let range = "2026-01-01T10:05:00Z/2026-01-01T10:07:00Z";
+        let parsed = BackfillRange {
+            from: ts("2026-01-01T10:05:00Z"),
+            to: ts("2026-01-01T10:07:00Z"),
+        };
+        let written = |last: Option<&str>, phase: &str| {
+            json!({"from": "2026-01-01T10:05:00Z", "to": "2026-01-01T10:07:00Z", "phase": phase,
+                   "total": 3, "started": 0, "remaining": 3, "lastTime": last})
+        };
+        // Suspended, so that the schedule starts nothing: a backfill still runs.
+        let lj = |annotation: Option<&str>, status: serde_json::Value| {
+            locked_job(json!({"spec": {"suspend": true},
+                "metadata": {"annotations": {"lockedjob.dev/backfill": annotation}},
+                "status": {"backfill": status}}))
+        };
+        let backfill_job = |scheduled: &str, state: &str| {
+            let mut j = job(scheduled, state);
+            j.metadata.labels =
+                Some([("lockedjob.dev/backfill".to_string(), "true".to_string())].into());
+            j
+        };
+        let start = |t: &str| Some(Backfill::Start(parsed, ts(t)));
+        let phase = |status: &Option<StatusUpdate>| {
+            status
+                .as_ref()
+                .and_then(|s| s.backfill.as_ref())
+                .map(|b| (b.phase, b.started, b.last_time.clone()))
+        };
+        type Row = (
+            &'static str,
+            LockedJob,
+            Vec<Job>,
+            Option<Backfill>,
+            Option<(BackfillPhase, i64, Option<Time>)>,
+        );
+        let table: Vec<Row> = vec![
+            (
+                "a new request: its first time, and the status shows it at once",
+                lj(Some(range), json!(null)),
+                vec![],
+                start("2026-01-01T10:05:00Z"),
+                Some((BackfillPhase::Running, 0, None)),
+            ),
+            (
+                "the next time once the last ended",
+                lj(
+                    Some(range),
+                    written(Some("2026-01-01T10:05:00Z"), "Running"),
+                ),
+                vec![backfill_job("2026-01-01T10:05:00Z", "Complete")],
+                start("2026-01-01T10:06:00Z"),
+                None,
+            ),
+            (
+                "not while a Job runs",
+                lj(
+                    Some(range),
+                    written(Some("2026-01-01T10:05:00Z"), "Running"),
+                ),
+                vec![backfill_job("2026-01-01T10:05:00Z", "active")],
+                None,
+                None,
+            ),
+            (
+                "every time started and none runs: complete",
+                lj(
+                    Some(range),
+                    written(Some("2026-01-01T10:07:00Z"), "Running"),
+                ),
+                vec![backfill_job("2026-01-01T10:07:00Z", "Complete")],
+                None,
+                Some((
+                    BackfillPhase::Complete,
+                    3,
+                    Some(Time(ts("2026-01-01T10:07:00Z"))),
+                )),
+            ),
+            (
+                "the last one still runs: not complete yet",
+                lj(
+                    Some(range),
+                    written(Some("2026-01-01T10:07:00Z"), "Running"),
+                ),
+                vec![backfill_job("2026-01-01T10:07:00Z", "active")],
+                None,
+                None,
+            ),
+            (
+                "the annotation removed: cancelled",
+                lj(None, written(Some("2026-01-01T10:06:00Z"), "Running")),
+                vec![],
+                None,
+                Some((
+                    BackfillPhase::Cancelled,
+                    0,
+                    Some(Time(ts("2026-01-01T10:06:00Z"))),
+                )),
+            ),
+            (
+                "set again after a cancel: resumes from the start (the register skips what ran)",
+                lj(
+                    Some(range),
+                    written(Some("2026-01-01T10:06:00Z"), "Cancelled"),
+                ),
+                vec![],
+                start("2026-01-01T10:05:00Z"),
+                Some((BackfillPhase::Running, 0, None)),
+            ),
+            (
+                "complete stays complete",
+                lj(
+                    Some(range),
+                    written(Some("2026-01-01T10:07:00Z"), "Complete"),
+                ),
+                vec![],
+                None,
+                None,
+            ),
+        ];
+        for (what, lj, jobs, expected_start, expected_status) in table {
+            let plan = valid(decide(&lj, &observed(now, jobs, 3)));
+            assert_eq!(plan.backfill, expected_start, "{what}");
+            assert_eq!(phase(&plan.status), expected_status, "{what}");
+        }
+        for (value, fragment) in [
+            ("yesterday", "not FROM/TO"),
+            (
+                "2026-01-01T10:07:00Z/2026-01-01T10:05:00Z",
+                "swap FROM and TO",
+            ),
+            ("2026-01-01T10:05:00Z/2026-01-01T11:00:00Z", "future"),
+            (
+                "2026-01-01T10:05:10Z/2026-01-01T10:05:20Z",
+                "no scheduled time",
+            ),
+            (
+                "2025-01-01T00:00:00Z/2026-01-01T10:00:00Z",
+                "more than 1000",
+            ),
+        ] {
+            let plan = valid(decide(
+                &lj(Some(value), json!(null)),
+                &observed(now, vec![], 3),
+            ));
+            assert!(
+                matches!(&plan.backfill, Some(Backfill::Refused { value: v, message })
+                    if v == value && message.contains(fragment)),
+                "{value}: {:?}",
+                plan.backfill
+            );
+        }
+        // Not suspended, with a scheduled time due: the schedule goes first.
+        let due =
+            locked_job(json!({"metadata": {"annotations": {"lockedjob.dev/backfill": range}}}));
+        let plan = valid(decide(&due, &observed(now, vec![], 3)));
+        assert!(
+            plan.start.is_some() && plan.backfill.is_none(),
+            "{:?}",
+            plan.backfill
         );
     }
 }

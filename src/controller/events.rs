@@ -40,6 +40,12 @@ pub enum Reason {
     InvalidSpec,
     InvalidRunNow,
     TooManyMissedTimes,
+    /// The backfill annotation is malformed or asks for the impossible; it was cleared.
+    InvalidBackfill,
+    /// Every time of the backfill range started.
+    BackfillComplete,
+    /// The backfill annotation was removed before the end.
+    BackfillCancelled,
 }
 
 impl Reason {
@@ -56,13 +62,21 @@ impl Reason {
             Reason::InvalidSpec => "InvalidSpec",
             Reason::InvalidRunNow => "InvalidRunNow",
             Reason::TooManyMissedTimes => "TooManyMissedTimes",
+            Reason::InvalidBackfill => "InvalidBackfill",
+            Reason::BackfillComplete => "BackfillComplete",
+            Reason::BackfillCancelled => "BackfillCancelled",
         }
     }
 
     pub fn is_warning(self) -> bool {
         !matches!(
             self,
-            Reason::Acquired | Reason::Created | Reason::Completed | Reason::Adopted
+            Reason::Acquired
+                | Reason::Created
+                | Reason::Completed
+                | Reason::Adopted
+                | Reason::BackfillComplete
+                | Reason::BackfillCancelled
         )
     }
 }

@@ -15,6 +15,29 @@ use std::time::Duration;
 pub const LABEL_LOCKED_JOB: &str = "lockedjob.dev/locked-job";
 /// Label on Jobs started by the `lockedjob.dev/run-now` annotation rather than the schedule.
 pub const LABEL_MANUAL: &str = "lockedjob.dev/manual";
+/// Label on Jobs started by a backfill (`lockedjob.dev/backfill`) rather than the schedule.
+pub const LABEL_BACKFILL: &str = "lockedjob.dev/backfill";
+
+/// What a run was started by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Origin {
+    Schedule,
+    /// The `lockedjob.dev/run-now` annotation.
+    Manual,
+    /// A backfill of a past range.
+    Backfill,
+}
+
+impl Origin {
+    /// The label that marks a Job of this origin, if any.
+    fn label(self) -> Option<&'static str> {
+        match self {
+            Origin::Schedule => None,
+            Origin::Manual => Some(LABEL_MANUAL),
+            Origin::Backfill => Some(LABEL_BACKFILL),
+        }
+    }
+}
 
 /// What a run's Job carries.
 #[derive(Debug, Clone)]
@@ -25,8 +48,8 @@ pub struct RunIdentity<'a> {
     pub lock_value: &'a str,
     pub holder: &'a str,
     pub token: u64,
-    /// Started by `lockedjob.dev/run-now`: labelled so, and not counted as a scheduled time.
-    pub manual: bool,
+    /// Runs not started by the schedule are labelled so, and not counted as scheduled times.
+    pub origin: Origin,
 }
 
 /// The Job for one run: the template, plus owner reference, label, the annotations of docs/design.md,
@@ -38,8 +61,8 @@ pub fn build_job(locked_job: &LockedJob, run: &RunIdentity<'_>) -> Job {
     let scheduled = run.scheduled.to_string();
     let mut labels = metadata.labels.take().unwrap_or_default();
     labels.insert(LABEL_LOCKED_JOB.into(), locked_job.name_any());
-    if run.manual {
-        labels.insert(LABEL_MANUAL.into(), "true".into());
+    if let Some(label) = run.origin.label() {
+        labels.insert(label.into(), "true".into());
     }
     let mut annotations = metadata.annotations.take().unwrap_or_default();
     annotations.insert(ANNOTATION_FENCING_TOKEN.into(), run.token.to_string());
@@ -108,10 +131,11 @@ pub fn is_running(job: &Job) -> bool {
     job_state(job) == JobState::Active && job.metadata.deletion_timestamp.is_none()
 }
 
-/// The scheduled time a Job was created for, from its annotation; `None` for a manual run,
-/// which is no scheduled time.
+/// The scheduled time a Job was created for, from its annotation; `None` for a manual or
+/// backfill run, which the schedule's history does not count.
 pub fn scheduled_time(job: &Job) -> Option<Timestamp> {
-    if job.labels().get(LABEL_MANUAL).is_some_and(|v| v == "true") {
+    let labelled = |label| job.labels().get(label).is_some_and(|v| v == "true");
+    if labelled(LABEL_MANUAL) || labelled(LABEL_BACKFILL) {
         return None;
     }
     job.annotations()
@@ -190,7 +214,17 @@ pub fn job_name(locked_job: &str, scheduled: Timestamp, has_seconds: bool) -> St
 /// (`-m` then the seconds in base 36: at most 9 characters, so a 52-character LockedJob name
 /// still fits the 63 a Job name may have).
 pub fn manual_job_name(locked_job: &str, requested: Timestamp) -> String {
-    let mut seconds = requested.as_second().max(0) as u64;
+    off_schedule_job_name(locked_job, 'm', requested)
+}
+
+/// The Job name of a backfill run for `scheduled`: as [`manual_job_name`], with `-b`, so that
+/// it never collides with the schedule's Job for the same time.
+pub fn backfill_job_name(locked_job: &str, scheduled: Timestamp) -> String {
+    off_schedule_job_name(locked_job, 'b', scheduled)
+}
+
+fn off_schedule_job_name(locked_job: &str, marker: char, at: Timestamp) -> String {
+    let mut seconds = at.as_second().max(0) as u64;
     let mut digits = Vec::new();
     loop {
         digits.push(b"0123456789abcdefghijklmnopqrstuvwxyz"[(seconds % 36) as usize]);
@@ -200,7 +234,7 @@ pub fn manual_job_name(locked_job: &str, requested: Timestamp) -> String {
         }
     }
     digits.reverse();
-    format!("{locked_job}-m{}", String::from_utf8_lossy(&digits))
+    format!("{locked_job}-{marker}{}", String::from_utf8_lossy(&digits))
 }
 
 #[cfg(test)]
@@ -239,7 +273,7 @@ mod tests {
             lock_value: "c/p/abc",
             holder: "c/p",
             token: 42,
-            manual: false,
+            origin: Origin::Schedule,
         };
         let job = build_job(&locked_job(), &run);
         assert_eq!(job.name_any(), "report-29457600");
@@ -413,6 +447,8 @@ mod tests {
             assert_eq!(manual_job_name("report", t), expected, "{at}");
             assert_eq!(manual_job_name("report", t), manual_job_name("report", t));
             assert_ne!(manual_job_name("report", t), job_name("report", t, true));
+            assert_ne!(backfill_job_name("report", t), job_name("report", t, true));
+            assert_ne!(backfill_job_name("report", t), manual_job_name("report", t));
         }
         let longest = "x".repeat(crate::api::MAX_NAME_LENGTH);
         let far = ts("2286-11-20T17:46:39Z");

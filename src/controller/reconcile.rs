@@ -2,11 +2,11 @@
 //! from the watch cache, the time, the Redis nodes answering), decide (`decide.rs`, pure) and
 //! act. Runs happen in tasks of their own: a reconcile never waits on a lock or a Job.
 
-use super::decide::{decide, Observed, Plan, RunNow, StatusUpdate, ValidPlan};
+use super::decide::{decide, Backfill, Observed, Plan, RunNow, StatusUpdate, ValidPlan};
 use super::events::{self, Reason};
 use super::jobs::is_running;
 use super::{run, Context, Error, FINALIZER};
-use crate::api::LockedJob;
+use crate::api::{BackfillPhase, LockedJob, ANNOTATION_BACKFILL};
 use crate::schedule::TOO_MANY_MISSED;
 use jiff::Timestamp;
 use k8s_openapi::api::batch::v1::Job;
@@ -128,6 +128,15 @@ async fn act(
         }
         None => {}
     }
+    match &plan.backfill {
+        Some(Backfill::Start(range, time)) => spawn_run(*time, run::RunKind::Backfill(*range)),
+        Some(Backfill::Refused { value, message }) => {
+            tracing::warn!(%message, "invalid backfill request");
+            events::publish(ctx, lj, Reason::InvalidBackfill, message.clone());
+            run::clear_annotation(ctx, lj, ANNOTATION_BACKFILL, value).await;
+        }
+        None => {}
+    }
     check_orphans(ctx, lj, namespace, &plan, jobs);
     if let Some((scheduled, replace)) = &plan.start {
         if plan.missed_too_many {
@@ -148,12 +157,24 @@ async fn act(
             // The run's own status patch usually writes this change first; look again after.
             return Ok(Action::requeue(plan.requeue.min(wait)));
         }
+        let backfill = status.backfill.clone();
         if !write_status(ctx, lj, namespace, status, true).await? {
             // Another replica wrote first: its version reaches us through the watch and
             // reconciles again anyway. Retrying at once made three replicas whose Job caches
             // lag each other fight over `active` (130 conflicts/s at 200 LockedJobs on a real
             // API server), so the fallback comes late and jittered.
             return Ok(Action::requeue(run::jittered(CONFLICT_PAUSE)));
+        }
+        // The replica whose write landed tells; the others' writes were refused.
+        if let Some(b) = backfill {
+            let range = format!("{}/{}", b.from.0, b.to.0);
+            match b.phase {
+                BackfillPhase::Complete => events::publish(ctx, lj, Reason::BackfillComplete,
+                    format!("backfill {range}: all {} scheduled times started", b.total)),
+                BackfillPhase::Cancelled => events::publish(ctx, lj, Reason::BackfillCancelled,
+                    format!("backfill {range} cancelled after {} of {} times; a run already started finishes", b.started, b.total)),
+                BackfillPhase::Running => {}
+            }
         }
     }
     Ok(Action::requeue(plan.requeue))
@@ -196,6 +217,9 @@ async fn write_status(
         "observedGeneration": status.observed_generation}});
     if let Some(active) = status.active {
         patch["status"]["active"] = json!(active);
+    }
+    if let Some(backfill) = status.backfill {
+        patch["status"]["backfill"] = json!(backfill);
     }
     if guarded {
         patch["metadata"] = json!({"resourceVersion": lj.resource_version()});

@@ -144,7 +144,25 @@ impl Redlock {
         step: u64,
     ) -> Result<Lease, LockError> {
         let started = Instant::now();
-        let result = self.attempt(name, ttl, Some(step)).await;
+        let result = self.attempt(name, ttl, Some((name, step))).await;
+        self.inner
+            .metrics
+            .record_acquire(outcome_of(&result), started.elapsed());
+        result
+    }
+
+    /// Like [`Redlock::try_acquire_step`], but with the progress register of `register`
+    /// instead of the lock's own: a sequence of steps of its own (a backfill) under the same
+    /// lock and fence, so its runs exclude the schedule's and their tokens keep growing.
+    pub async fn try_acquire_step_in(
+        &self,
+        name: &str,
+        ttl: Duration,
+        register: &str,
+        step: u64,
+    ) -> Result<Lease, LockError> {
+        let started = Instant::now();
+        let result = self.attempt(name, ttl, Some((register, step))).await;
         self.inner
             .metrics
             .record_acquire(outcome_of(&result), started.elapsed());
@@ -195,7 +213,7 @@ impl Redlock {
         &self,
         name: &str,
         ttl: Duration,
-        step: Option<u64>,
+        step: Option<(&str, u64)>,
     ) -> Result<Lease, LockError> {
         if name.is_empty() {
             return Err(ConfigError::EmptyLockName.into());
@@ -210,7 +228,8 @@ impl Redlock {
         let lock_key = self.lock_key(name);
         let fence_key = self.fence_key(name);
         // The progress register takes part only in step acquisitions.
-        let progress = step.map(|step| (self.progress_key(name), step));
+        let progress = step.map(|(register, step)| (self.progress_key(register), step));
+        let step = step.map(|(_, step)| step);
         let value = format!(
             "{}/{:032x}",
             self.inner.config.holder,

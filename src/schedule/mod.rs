@@ -118,6 +118,18 @@ pub enum Concurrency {
     Allow,
     Forbid,
     Replace,
+    /// Like Forbid, but the first time that comes due while a run is active is kept, past the
+    /// starting deadline, and starts as soon as that run ends; later ones are dropped.
+    BufferOne,
+}
+
+/// Which missed times run after a pause (an operator or Redis outage, a long run under Forbid).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CatchUp {
+    /// Only the most recent, as CronJob does.
+    Latest,
+    /// Each, oldest first, but no more than the `max` most recent.
+    All { max: u32 },
 }
 
 /// The parts of a LockedJob's spec that decide when it runs.
@@ -128,6 +140,7 @@ pub struct Policy {
     pub concurrency: Concurrency,
     pub starting_deadline: Option<SignedDuration>,
     pub jitter: Option<Jitter>,
+    pub catch_up: CatchUp,
 }
 
 impl Policy {
@@ -179,13 +192,17 @@ pub struct History {
     pub last_schedule_time: Option<Timestamp>,
     /// Runs still active.
     pub active_runs: usize,
+    /// When the run for `last_schedule_time` started and ended, where both are known:
+    /// BufferOne's pending time is the first that came due in between.
+    pub previous_run: Option<(Timestamp, Timestamp)>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Decision {
     /// Start the run for `scheduled` now. With `replace_active`, stop the active runs first.
-    /// `missed` counts due times since the last run (the most recent is the one run; earlier
-    /// ones are not made up, as in CronJob); `missed > TOO_MANY_MISSED` deserves a warning.
+    /// `missed` counts due times since the last run up to and including `scheduled`: the ones
+    /// before it are dropped (with `CatchUp::Latest`, every one but the most recent, as in
+    /// CronJob); `missed > TOO_MANY_MISSED` deserves a warning.
     Run {
         scheduled: Timestamp,
         replace_active: bool,
@@ -205,8 +222,9 @@ pub enum Decision {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SkipReason {
     Suspended,
-    /// concurrencyPolicy Forbid and a run is active; decided again when it ends (and run then
-    /// if still within the starting deadline).
+    /// concurrencyPolicy Forbid or BufferOne and a run is active; decided again when it ends
+    /// (and run then if still within the starting deadline, or, with BufferOne, if it is the
+    /// first time that came due during the run).
     PreviousRunActive,
 }
 
@@ -214,8 +232,11 @@ pub enum SkipReason {
 /// - due times are those after the last run's scheduled time (or the creation time) whose
 ///   start (`Policy::start_of`: the time plus its jitter) has come;
 /// - with `startingDeadlineSeconds`, due times that started before `now - deadline` are dropped;
-/// - of several missed times only the most recent runs;
-/// - suspend and concurrencyPolicy Forbid hold a due run back without consuming it.
+/// - of several missed times only the most recent runs (`CatchUp::Latest`), or each of the
+///   `max` most recent in turn, oldest first (`CatchUp::All`);
+/// - suspend and concurrencyPolicy Forbid hold a due run back without consuming it;
+/// - BufferOne runs the first time that came due while the last run was active, deadline or
+///   not, before anything later.
 ///
 /// `next` in the decision is the next start, jitter included.
 pub fn next_action(policy: &Policy, now: Timestamp, history: &History) -> Decision {
@@ -230,10 +251,7 @@ pub fn next_action(policy: &Policy, now: Timestamp, history: &History) -> Decisi
     let (candidate, waiting) = match latest {
         Some(t) if policy.start_of(t) <= now => (Some(t), None),
         Some(t) => (
-            t.checked_sub(SignedDuration::from_millis(1))
-                .ok()
-                .and_then(|before| schedule.latest_at_or_before(before))
-                .filter(|p| policy.start_of(*p) <= now),
+            previous_time(schedule, t).filter(|p| policy.start_of(*p) <= now),
             Some(t).filter(|t| *t > since),
         ),
         None => (None, None),
@@ -243,17 +261,27 @@ pub fn next_action(policy: &Policy, now: Timestamp, history: &History) -> Decisi
         .chain(schedule.next_after(now))
         .map(|t| policy.start_of(t))
         .min();
-    let due = match candidate {
-        Some(t) if t > since && cutoff.is_none_or(|c| policy.start_of(t) > c) => t,
-        _ => return Decision::Wait { next },
-    };
-    // Times after the last run and the cutoff, up to the one that runs (which counts even
-    // when jitter put its start, not the time, after the cutoff).
-    let earliest = cutoff.map_or(since, |c| since.max(c));
-    let missed = if due > earliest {
-        schedule.count_between(earliest, due, TOO_MANY_MISSED + 1)
-    } else {
-        1
+    let (due, missed) = match buffered(policy, now, history, since) {
+        Some(pending) => (pending, 1),
+        None => {
+            let due = match candidate {
+                Some(t) if t > since && cutoff.is_none_or(|c| policy.start_of(t) > c) => t,
+                _ => return Decision::Wait { next },
+            };
+            // Times after the last run and the cutoff, up to the one that runs (which counts
+            // even when jitter put its start, not the time, after the cutoff).
+            let earliest = cutoff.map_or(since, |c| since.max(c));
+            let due = match policy.catch_up {
+                CatchUp::Latest => due,
+                CatchUp::All { max } => oldest_to_catch_up(schedule, earliest, due, max),
+            };
+            let missed = if due > earliest {
+                schedule.count_between(earliest, due, TOO_MANY_MISSED + 1)
+            } else {
+                1
+            };
+            (due, missed)
+        }
     };
     if policy.suspend {
         return Decision::Skip {
@@ -262,20 +290,78 @@ pub fn next_action(policy: &Policy, now: Timestamp, history: &History) -> Decisi
             next,
         };
     }
-    let replace_active = history.active_runs > 0 && policy.concurrency == Concurrency::Replace;
-    if history.active_runs > 0 && policy.concurrency == Concurrency::Forbid {
+    let holds_back = matches!(
+        policy.concurrency,
+        Concurrency::Forbid | Concurrency::BufferOne
+    );
+    if history.active_runs > 0 && holds_back {
         return Decision::Skip {
             scheduled: due,
             reason: SkipReason::PreviousRunActive,
             next,
         };
     }
+    let replace_active = history.active_runs > 0 && policy.concurrency == Concurrency::Replace;
     Decision::Run {
         scheduled: due,
         replace_active,
         missed,
         next,
     }
+}
+
+/// The scheduled time before `t`.
+fn previous_time(schedule: &Schedule, t: Timestamp) -> Option<Timestamp> {
+    t.checked_sub(SignedDuration::from_millis(1))
+        .ok()
+        .and_then(|before| schedule.latest_at_or_before(before))
+}
+
+/// BufferOne's pending time: with no run active, the first time that came due (its start,
+/// jitter included) while the last run was active. Times that came due after it in that
+/// span are dropped; nothing is pending where the span is not known.
+fn buffered(
+    policy: &Policy,
+    now: Timestamp,
+    history: &History,
+    since: Timestamp,
+) -> Option<Timestamp> {
+    if policy.concurrency != Concurrency::BufferOne || history.active_runs > 0 {
+        return None;
+    }
+    let (started, ended) = history.previous_run?;
+    let jitter = policy
+        .jitter
+        .as_ref()
+        .map_or(SignedDuration::ZERO, |j| j.max);
+    let from = since.max(started.checked_sub(jitter).unwrap_or(started));
+    policy
+        .schedule
+        .times_after(from)
+        .find(|t| policy.start_of(*t) > started)
+        .filter(|t| {
+            let start = policy.start_of(*t);
+            start <= ended && start <= now
+        })
+}
+
+/// With `CatchUp::All`: the oldest of the (at most) `max` most recent times in
+/// `(earliest, latest]`. Walks back from `latest`, so a long outage of a frequent schedule
+/// costs `max` steps, not one per missed time.
+fn oldest_to_catch_up(
+    schedule: &Schedule,
+    earliest: Timestamp,
+    latest: Timestamp,
+    max: u32,
+) -> Timestamp {
+    let mut oldest = latest;
+    for _ in 1..max {
+        match previous_time(schedule, oldest) {
+            Some(t) if t > earliest => oldest = t,
+            _ => break,
+        }
+    }
+    oldest
 }
 
 /// Parses the `lockedjob.dev/run-now` annotation: the RFC 3339 time the run is requested for,
@@ -287,6 +373,96 @@ pub fn parse_run_now(value: &str) -> Result<Timestamp, String> {
              kubectl annotate lj NAME lockedjob.dev/run-now=\"$(date -u +%FT%TZ)\" --overwrite"
         )
     })
+}
+
+/// The most scheduled times one backfill may run.
+pub const MAX_BACKFILL: u64 = 1000;
+
+/// A backfill request: the scheduled times in `[from, to]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BackfillRange {
+    pub from: Timestamp,
+    pub to: Timestamp,
+}
+
+impl BackfillRange {
+    /// Parses the `lockedjob.dev/backfill` annotation, `FROM/TO` in RFC 3339, and checks it
+    /// against the schedule at `now`: a past range of at most [`MAX_BACKFILL`] times, at
+    /// least one.
+    pub fn parse(value: &str, schedule: &Schedule, now: Timestamp) -> Result<Self, String> {
+        let fix = "set it with lockedjob backfill NAME --from FROM --to TO (RFC 3339 times, e.g. 2026-12-01T00:00:00Z)";
+        let (from, to) = value.trim().split_once('/').ok_or_else(|| {
+            format!("annotation lockedjob.dev/backfill={value:?} is not FROM/TO; {fix}")
+        })?;
+        let time = |text: &str| {
+            text.trim().parse::<Timestamp>().map_err(|e| {
+                format!("annotation lockedjob.dev/backfill={value:?}: {text:?} is not an RFC 3339 time ({e}); {fix}")
+            })
+        };
+        let range = Self {
+            from: time(from)?,
+            to: time(to)?,
+        };
+        if range.from > range.to {
+            return Err(format!(
+                "backfill {value:?} ends before it starts; swap FROM and TO"
+            ));
+        }
+        if range.to > now {
+            return Err(format!(
+                "backfill {value:?} reaches into the future ({} is after now, {now}): the schedule runs future times; end the range in the past",
+                range.to
+            ));
+        }
+        match range.count(schedule) {
+            0 => Err(format!(
+                "backfill {value:?} holds no scheduled time of {:?}",
+                schedule.time_zone()
+            )),
+            n if n > MAX_BACKFILL => Err(format!(
+                "backfill {value:?} holds more than {MAX_BACKFILL} scheduled times; split it into smaller ranges, one after another"
+            )),
+            _ => Ok(range),
+        }
+    }
+
+    /// Scheduled times in the range, counted up to `MAX_BACKFILL + 1`.
+    pub fn count(&self, schedule: &Schedule) -> u64 {
+        self.count_after(schedule, None)
+    }
+
+    /// Scheduled times in the range after `last` (all of them without), counted up to
+    /// `MAX_BACKFILL + 1`.
+    pub fn count_after(&self, schedule: &Schedule, last: Option<Timestamp>) -> u64 {
+        schedule.count_between(self.cursor(last), self.to, MAX_BACKFILL + 1)
+    }
+
+    /// The first scheduled time in the range after `last` (the first in the range without).
+    pub fn next(&self, schedule: &Schedule, last: Option<Timestamp>) -> Option<Timestamp> {
+        schedule
+            .next_after(self.cursor(last))
+            .filter(|t| *t <= self.to)
+    }
+
+    /// Where the range's remaining times begin (exclusive): after `last`, or just before
+    /// `from`, which is included.
+    fn cursor(&self, last: Option<Timestamp>) -> Timestamp {
+        let before_from = self
+            .from
+            .checked_sub(SignedDuration::from_nanos(1))
+            .unwrap_or(self.from);
+        last.map_or(before_from, |l| l.max(before_from))
+    }
+
+    /// The progress register of this backfill: its own, under the lock's name, so that each
+    /// time runs once per request across replicas and clusters, whatever the schedule ran.
+    pub fn register(&self, lock_name: &str) -> String {
+        format!(
+            "{lock_name}#backfill:{}-{}",
+            self.from.as_millisecond(),
+            self.to.as_millisecond()
+        )
+    }
 }
 
 #[cfg(test)]

@@ -16,6 +16,7 @@ fn policy(expr: &str) -> Policy {
         concurrency: Concurrency::Forbid,
         starting_deadline: None,
         jitter: None,
+        catch_up: CatchUp::Latest,
     }
 }
 
@@ -203,6 +204,7 @@ fn next_action_follows_cronjob_semantics() {
         created,
         last_schedule_time: last.map(ts),
         active_runs: active,
+        previous_run: None,
     };
     let run = |at: &str, missed: u64, replace: bool, next: &str| Decision::Run {
         scheduled: ts(at),
@@ -365,7 +367,7 @@ proptest! {
         let mut last: Option<Timestamp> = None;
         for step in steps {
             now += SignedDuration::from_secs(step);
-            let history = History { created, last_schedule_time: last, active_runs: 0 };
+            let history = History { created, last_schedule_time: last, active_runs: 0, previous_run: None };
             if let Decision::Run { scheduled, .. } = next_action(&p, now, &history) {
                 prop_assert!(scheduled <= now);
                 prop_assert!(last.is_none_or(|l| scheduled > l), "ran {scheduled} again");
@@ -403,6 +405,7 @@ fn observe(p: &Policy, steps: &[i64]) -> (Vec<(Timestamp, Timestamp)>, Timestamp
             created,
             last_schedule_time: runs.last().map(|&(scheduled, _)| scheduled),
             active_runs: 0,
+            previous_run: None,
         };
         if let Decision::Run { scheduled, .. } = next_action(p, now, &history) {
             runs.push((scheduled, now));
@@ -489,6 +492,7 @@ fn jitter_delays_the_start_and_the_run_keeps_its_nominal_time() {
         created,
         last_schedule_time: last.map(ts),
         active_runs: 0,
+        previous_run: None,
     };
     let run = |scheduled: &str, missed: u64, next: &str| Decision::Run {
         scheduled: ts(scheduled),
@@ -565,5 +569,245 @@ proptest! {
         let runs: Vec<Timestamp> = runs.into_iter().map(|(scheduled, _)| scheduled).collect();
         let expected = started_by(&p, now);
         prop_assert_eq!(runs, expected);
+    }
+}
+
+fn catching_up(expr: &str, max: u32) -> Policy {
+    Policy {
+        catch_up: CatchUp::All { max },
+        ..policy(expr)
+    }
+}
+
+#[test]
+fn catch_up_all_runs_missed_times_oldest_first_within_the_bound_and_deadline() {
+    let created = ts("2026-01-01T00:00:30Z");
+    let h = |last: Option<&str>, active: usize| History {
+        created,
+        last_schedule_time: last.map(ts),
+        active_runs: active,
+        previous_run: None,
+    };
+    let run = |at: &str, missed: u64, next: &str| Decision::Run {
+        scheduled: ts(at),
+        replace_active: false,
+        missed,
+        next: Some(ts(next)),
+    };
+    let all = catching_up("* * * * *", 10);
+    let two = catching_up("* * * * *", 2);
+    let with_deadline = Policy {
+        starting_deadline: Some(SignedDuration::from_secs(150)),
+        ..all.clone()
+    };
+    let allow = Policy {
+        concurrency: Concurrency::Allow,
+        ..all.clone()
+    };
+    type Row<'a> = (&'a str, &'a Policy, &'a str, History, Decision);
+    let table: [Row; 8] = [
+        (
+            "after an outage: the oldest missed time first",
+            &all,
+            "2026-01-01T00:04:10Z",
+            h(Some("2026-01-01T00:01:00Z"), 0),
+            run("2026-01-01T00:02:00Z", 1, "2026-01-01T00:05:00Z"),
+        ),
+        (
+            "then the next one",
+            &all,
+            "2026-01-01T00:04:12Z",
+            h(Some("2026-01-01T00:02:00Z"), 0),
+            run("2026-01-01T00:03:00Z", 1, "2026-01-01T00:05:00Z"),
+        ),
+        (
+            "caught up: as Latest",
+            &all,
+            "2026-01-01T00:04:14Z",
+            h(Some("2026-01-01T00:03:00Z"), 0),
+            run("2026-01-01T00:04:00Z", 1, "2026-01-01T00:05:00Z"),
+        ),
+        (
+            "never ran: from the creation time",
+            &all,
+            "2026-01-01T00:03:10Z",
+            h(None, 0),
+            run("2026-01-01T00:01:00Z", 1, "2026-01-01T00:04:00Z"),
+        ),
+        (
+            "more missed than maxCatchUp: the older ones are dropped",
+            &two,
+            "2026-01-01T00:06:10Z",
+            h(Some("2026-01-01T00:01:00Z"), 0),
+            run("2026-01-01T00:05:00Z", 4, "2026-01-01T00:07:00Z"),
+        ),
+        (
+            "the starting deadline drops what started before it",
+            &with_deadline,
+            "2026-01-01T00:06:10Z",
+            h(Some("2026-01-01T00:01:00Z"), 0),
+            run("2026-01-01T00:04:00Z", 1, "2026-01-01T00:07:00Z"),
+        ),
+        (
+            "Forbid: held while the previous caught-up run is active",
+            &all,
+            "2026-01-01T00:04:12Z",
+            h(Some("2026-01-01T00:02:00Z"), 1),
+            Decision::Skip {
+                scheduled: ts("2026-01-01T00:03:00Z"),
+                reason: SkipReason::PreviousRunActive,
+                next: Some(ts("2026-01-01T00:05:00Z")),
+            },
+        ),
+        (
+            "Allow: the next one starts beside it",
+            &allow,
+            "2026-01-01T00:04:12Z",
+            h(Some("2026-01-01T00:02:00Z"), 1),
+            run("2026-01-01T00:03:00Z", 1, "2026-01-01T00:05:00Z"),
+        ),
+    ];
+    for (what, p, now, history, expected) in table {
+        assert_eq!(next_action(p, ts(now), &history), expected, "{what}");
+    }
+    // A year of a per-second schedule missed: the walk back is maxCatchUp steps.
+    let per_second = catching_up("* * * * * *", 3);
+    let started = std::time::Instant::now();
+    let decision = next_action(
+        &per_second,
+        ts("2027-01-01T00:00:00Z"),
+        &h(Some("2026-01-01T00:00:00Z"), 0),
+    );
+    assert!(
+        matches!(decision, Decision::Run { scheduled, missed, .. }
+            if scheduled == ts("2026-12-31T23:59:58Z") && missed == TOO_MANY_MISSED + 1),
+        "{decision:?}"
+    );
+    assert!(started.elapsed() < std::time::Duration::from_secs(5));
+}
+
+#[test]
+fn buffer_one_keeps_the_first_time_due_during_a_run_past_the_deadline() {
+    let created = ts("2026-01-01T00:00:30Z");
+    // Every minute, a 30 s starting deadline.
+    let buffer_one = Policy {
+        concurrency: Concurrency::BufferOne,
+        starting_deadline: Some(SignedDuration::from_secs(30)),
+        ..policy("* * * * *")
+    };
+    let forbid = Policy {
+        concurrency: Concurrency::Forbid,
+        ..buffer_one.clone()
+    };
+    // The run for 00:01 started at 00:01:02.
+    let h = |active: usize, ended: Option<&str>| History {
+        created,
+        last_schedule_time: Some(ts("2026-01-01T00:01:00Z")),
+        active_runs: active,
+        previous_run: ended.map(|e| (ts("2026-01-01T00:01:02Z"), ts(e))),
+    };
+    let run = |at: &str, next: &str| Decision::Run {
+        scheduled: ts(at),
+        replace_active: false,
+        missed: 1,
+        next: Some(ts(next)),
+    };
+    type Row<'a> = (&'a str, &'a Policy, &'a str, History, Decision);
+    let table: [Row; 6] = [
+        (
+            "held while the run is active",
+            &buffer_one,
+            "2026-01-01T00:02:10Z",
+            h(1, None),
+            Decision::Skip {
+                scheduled: ts("2026-01-01T00:02:00Z"),
+                reason: SkipReason::PreviousRunActive,
+                next: Some(ts("2026-01-01T00:03:00Z")),
+            },
+        ),
+        (
+            "the run ended at 00:03:40: 00:02 came due first and runs, past the deadline",
+            &buffer_one,
+            "2026-01-01T00:03:41Z",
+            h(0, Some("2026-01-01T00:03:40Z")),
+            run("2026-01-01T00:02:00Z", "2026-01-01T00:04:00Z"),
+        ),
+        (
+            "Forbid drops 00:02 and 00:03, both past the deadline",
+            &forbid,
+            "2026-01-01T00:03:41Z",
+            h(0, Some("2026-01-01T00:03:40Z")),
+            Decision::Wait {
+                next: Some(ts("2026-01-01T00:04:00Z")),
+            },
+        ),
+        (
+            "nothing came due during the run: as Forbid",
+            &buffer_one,
+            "2026-01-01T00:02:10Z",
+            h(0, Some("2026-01-01T00:01:30Z")),
+            run("2026-01-01T00:02:00Z", "2026-01-01T00:03:00Z"),
+        ),
+        (
+            "nothing came due during the run, and the next is past the deadline",
+            &buffer_one,
+            "2026-01-01T00:02:40Z",
+            h(0, Some("2026-01-01T00:01:30Z")),
+            Decision::Wait {
+                next: Some(ts("2026-01-01T00:03:00Z")),
+            },
+        ),
+        (
+            "the run's span unknown (its Job gone): as Forbid",
+            &buffer_one,
+            "2026-01-01T00:03:41Z",
+            h(0, None),
+            Decision::Wait {
+                next: Some(ts("2026-01-01T00:04:00Z")),
+            },
+        ),
+    ];
+    for (what, p, now, history, expected) in table {
+        assert_eq!(next_action(p, ts(now), &history), expected, "{what}");
+    }
+}
+
+proptest! {
+    // After an outage of any length, walked forward in steps shorter than any schedule's gap
+    // with each run recorded, catch-up All runs the `max` most recent missed times and then
+    // every later one, each exactly once and in order.
+    #[test]
+    fn catch_up_all_runs_each_missed_time_once_in_order(
+        which in 0..SCHEDULES.len(),
+        outage in 0i64..20_000,
+        max in 1u32..20,
+        steps in proptest::collection::vec(1i64..3, 1..200),
+    ) {
+        let p = catching_up(SCHEDULES[which], max);
+        let created = ts(WALK_START);
+        let resumed = created + SignedDuration::from_secs(outage);
+        let mut now = resumed;
+        let mut runs: Vec<Timestamp> = Vec::new();
+        for step in steps {
+            let history = History {
+                created,
+                last_schedule_time: runs.last().copied(),
+                active_runs: 0,
+                previous_run: None,
+            };
+            if let Decision::Run { scheduled, .. } = next_action(&p, now, &history) {
+                runs.push(scheduled);
+            }
+            now += SignedDuration::from_secs(step);
+        }
+        let missed: Vec<Timestamp> = p.schedule.times_after(created).take_while(|t| *t <= resumed).collect();
+        let kept = missed.len().saturating_sub(max as usize);
+        let due_by_end: Vec<Timestamp> = missed[kept..]
+            .iter()
+            .copied()
+            .chain(p.schedule.times_after(resumed).take_while(|t| *t < now))
+            .collect();
+        prop_assert!(runs.windows(2).all(|w| w[0] < w[1]), "in order, once: {runs:?}");
+        prop_assert_eq!(&runs[..], &due_by_end[..runs.len()]);
     }
 }

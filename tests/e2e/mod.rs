@@ -131,6 +131,11 @@ impl Cluster {
         }
     }
 
+    /// The admin kubeconfig, for running the CLI against this cluster.
+    pub fn kubeconfig(&self) -> &Path {
+        &self.kubeconfig
+    }
+
     /// The lock name a LockedJob gets by default here.
     pub fn default_lock(&self, locked_job: &str) -> String {
         format!("{}/{locked_job}", self.namespace)

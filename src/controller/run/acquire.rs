@@ -1,9 +1,10 @@
 //! Stage 1 of a run: win the lock for the scheduled time, or learn why not
 //! (docs/design.md, "Acquire").
 
+use super::super::decide::backfill_status;
 use super::report::patch_status;
-use super::NotStarted;
-use crate::api::{LockedJob, ValidSpec};
+use super::{NotStarted, RunKind};
+use crate::api::{BackfillPhase, LockedJob, ValidSpec};
 use crate::redlock::{Lease, LockError};
 use jiff::Timestamp;
 use serde_json::json;
@@ -13,13 +14,14 @@ use super::super::Context;
 /// One lock attempt for `scheduled`. The scheduled time is the lock's progress step: the
 /// engine reads the progress register in phase 1 and records this time in phase 2, so a
 /// runner (another replica or cluster) that wins the lock after this time already started
-/// does not run it again. A manual run takes the lock without a step.
+/// does not run it again. A manual run takes the lock without a step; a backfill run's step
+/// goes to the backfill's own register.
 pub(super) async fn acquire(
     ctx: &Context,
     lj: &LockedJob,
     valid: &ValidSpec,
     scheduled: Timestamp,
-    manual: bool,
+    kind: &RunKind,
 ) -> Result<Lease, NotStarted> {
     let scheduled_ms = scheduled.as_millisecond().max(0) as u64;
     let acquired = {
@@ -28,15 +30,20 @@ pub(super) async fn acquire(
             return Err(NotStarted::Failed);
         };
         let (lock, ttl) = (&valid.lock_name, valid.timing.ttl);
-        if manual {
-            ctx.engine.try_acquire(lock, ttl).await
-        } else {
-            ctx.engine.try_acquire_step(lock, ttl, scheduled_ms).await
+        match kind {
+            RunKind::Manual => ctx.engine.try_acquire(lock, ttl).await,
+            RunKind::Scheduled { .. } => ctx.engine.try_acquire_step(lock, ttl, scheduled_ms).await,
+            RunKind::Backfill(range) => {
+                let register = range.register(lock);
+                (ctx.engine)
+                    .try_acquire_step_in(lock, ttl, &register, scheduled_ms)
+                    .await
+            }
         }
     };
     match acquired {
         Ok(lease) => Ok(lease),
-        Err(e) => Err(not_started(ctx, lj, scheduled, manual, e).await),
+        Err(e) => Err(not_started(ctx, lj, valid, scheduled, kind, e).await),
     }
 }
 
@@ -44,11 +51,13 @@ pub(super) async fn acquire(
 async fn not_started(
     ctx: &Context,
     lj: &LockedJob,
+    valid: &ValidSpec,
     scheduled: Timestamp,
-    manual: bool,
+    kind: &RunKind,
     error: LockError,
 ) -> NotStarted {
     let scheduled_ms = scheduled.as_millisecond().max(0) as u64;
+    let manual = matches!(kind, RunKind::Manual);
     match error {
         LockError::Contended { progress, .. } | LockError::SplitVote { progress, .. }
             if progress >= scheduled_ms && !manual =>
@@ -66,9 +75,18 @@ async fn not_started(
             tracing::debug!("the lock is held (by an earlier run); trying again when it frees");
             NotStarted::Contended
         }
-        LockError::StepDone { .. } => {
+        LockError::StepDone { done, .. } => {
             tracing::info!("this scheduled time already ran elsewhere; not running it again");
-            patch_status(ctx, lj, json!({"lastScheduleTime": scheduled.to_string()})).await;
+            // The register holds the latest time started: everything up to it is done, and
+            // jumping there saves a lock round per time another cluster already ran.
+            let done = Timestamp::from_millisecond(done.min(i64::MAX as u64) as i64)
+                .map_or(scheduled, |t| t.max(scheduled));
+            let status = match kind {
+                RunKind::Backfill(range) => json!({"backfill": backfill_status(
+                    range, &valid.policy.schedule, Some(done), BackfillPhase::Running)}),
+                _ => json!({"lastScheduleTime": done.to_string()}),
+            };
+            patch_status(ctx, lj, status).await;
             NotStarted::AlreadyRan
         }
         e => {

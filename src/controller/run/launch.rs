@@ -1,13 +1,14 @@
 //! Stage 2 of a run: with the lock won, stop the Jobs `Replace` names, create the run's Job
 //! (retrying while the lease leaves room) and record the run in the LockedJob's status.
 
+use super::super::decide::backfill_status;
 use super::super::events::{self, Reason};
-use super::super::jobs::{build_job, job_name, manual_job_name, RunIdentity};
+use super::super::jobs::{build_job, Origin, RunIdentity};
 use super::super::{Context, MANAGER};
 use super::acquire::acquire;
 use super::report::{active_after, bounded, clear_run_now, patch_status, record, API_CALL_LIMIT};
 use super::{NotStarted, RunKind};
-use crate::api::{LockedJob, RunOutcome, ValidSpec};
+use crate::api::{BackfillPhase, LockedJob, RunOutcome, ValidSpec};
 use crate::metrics::RunResult;
 use crate::redlock::Lease;
 use jiff::Timestamp;
@@ -31,14 +32,11 @@ pub(super) async fn launch(
     scheduled: Timestamp,
     kind: RunKind,
 ) -> Result<Launched, NotStarted> {
-    let (manual, replace) = match kind {
-        RunKind::Scheduled { replace } => (false, replace),
-        RunKind::Manual => (true, Vec::new()),
-    };
+    let origin = kind.origin();
     if ctx.shutdown.is_cancelled() {
         return Err(NotStarted::Failed);
     }
-    let lease = acquire(ctx, lj, valid, scheduled, manual).await?;
+    let lease = acquire(ctx, lj, valid, scheduled, &kind).await?;
     tracing::Span::current().record("token", lease.token());
     events::publish(
         ctx,
@@ -52,7 +50,11 @@ pub(super) async fn launch(
         ),
     );
     let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), &lj.namespace().unwrap_or_default());
-    for name in &replace {
+    let replace: &[String] = match &kind {
+        RunKind::Scheduled { replace } => replace,
+        _ => &[],
+    };
+    for name in replace {
         tracing::info!(job = %name, "concurrencyPolicy Replace: stopping the active Job");
         bounded(
             API_CALL_LIMIT,
@@ -60,15 +62,7 @@ pub(super) async fn launch(
         )
         .await;
     }
-    let job_name = if manual {
-        manual_job_name(&lj.name_any(), scheduled)
-    } else {
-        job_name(
-            &lj.name_any(),
-            scheduled,
-            valid.policy.schedule.has_seconds(),
-        )
-    };
+    let job_name = kind.job_name(valid, &lj.name_any(), scheduled);
     let job = build_job(
         lj,
         &RunIdentity {
@@ -78,7 +72,7 @@ pub(super) async fn launch(
             lock_value: lease.value(),
             holder: lease.holder(),
             token: lease.token(),
-            manual,
+            origin,
         },
     );
     // The time is already recorded as started (phase 2), so nobody else will run it: keep
@@ -92,7 +86,7 @@ pub(super) async fn launch(
         &lease,
         &job_name,
         (scheduled, start),
-        manual,
+        origin,
         &created,
     )
     .await
@@ -102,11 +96,19 @@ pub(super) async fn launch(
     }
     let mut status =
         json!({"lastRun": record(&lease, &job_name, scheduled, RunOutcome::Running, None)});
-    if manual {
+    match &kind {
         // Done with the request: no replica may act on it again.
-        clear_run_now(ctx, lj, &scheduled.to_string()).await;
-    } else {
-        status["lastScheduleTime"] = json!(scheduled.to_string());
+        RunKind::Manual => clear_run_now(ctx, lj, &scheduled.to_string()).await,
+        RunKind::Scheduled { .. } => status["lastScheduleTime"] = json!(scheduled.to_string()),
+        RunKind::Backfill(range) => {
+            let progress = backfill_status(
+                range,
+                &valid.policy.schedule,
+                Some(scheduled),
+                BackfillPhase::Running,
+            );
+            status["backfill"] = json!(progress);
+        }
     }
     let new_job = match &created {
         Created::New(job) => Some(job.as_ref()),
@@ -126,13 +128,13 @@ async fn report_created(
     lease: &Lease,
     job_name: &str,
     (scheduled, start): (Timestamp, Timestamp),
-    manual: bool,
+    origin: Origin,
     created: &Created,
 ) -> bool {
     match created {
         Created::New(_) => {
             let lag = (Timestamp::now() - start).get_milliseconds().max(0) as u64;
-            if !manual {
+            if origin == Origin::Schedule {
                 ctx.metrics.record_schedule_lag(Duration::from_millis(lag));
             }
             tracing::info!(job = %job_name, lag_ms = lag, "Job created");
@@ -154,7 +156,7 @@ async fn report_created(
                 "cannot create Job {job_name} for {scheduled}, the run is skipped: {message}"
             );
             events::publish(ctx, lj, Reason::CreateFailed, note);
-            if manual {
+            if origin == Origin::Manual {
                 clear_run_now(ctx, lj, &scheduled.to_string()).await;
             }
             false

@@ -9,12 +9,13 @@ mod report;
 mod supervise;
 
 pub use adopt::check_orphan;
-pub use report::{clear_run_now, stop_all};
+pub use report::{clear_annotation, clear_run_now, stop_all};
 
-use super::jobs::job_name;
+use super::jobs::{backfill_job_name, job_name, manual_job_name, Origin};
 use super::runs::RunKey;
 use super::Context;
 use crate::api::{LockedJob, ValidSpec};
+use crate::schedule::BackfillRange;
 use jiff::Timestamp;
 use kube::ResourceExt;
 use std::sync::Arc;
@@ -55,6 +56,30 @@ pub enum RunKind {
     /// `kubectl create job --from=cronjob/x`: outside the schedule, so it neither reads nor
     /// advances the lock's progress register, nor `lastScheduleTime`.
     Manual,
+    /// A scheduled time of a backfill range: its step is recorded in the backfill's own
+    /// progress register, not the schedule's, and not in `lastScheduleTime`.
+    Backfill(BackfillRange),
+}
+
+impl RunKind {
+    pub fn origin(&self) -> Origin {
+        match self {
+            RunKind::Scheduled { .. } => Origin::Schedule,
+            RunKind::Manual => Origin::Manual,
+            RunKind::Backfill(_) => Origin::Backfill,
+        }
+    }
+
+    /// The name of this run's Job: the same in every replica of a cluster.
+    pub fn job_name(&self, valid: &ValidSpec, locked_job: &str, scheduled: Timestamp) -> String {
+        match self {
+            RunKind::Scheduled { .. } => {
+                job_name(locked_job, scheduled, valid.policy.schedule.has_seconds())
+            }
+            RunKind::Manual => manual_job_name(locked_job, scheduled),
+            RunKind::Backfill(_) => backfill_job_name(locked_job, scheduled),
+        }
+    }
 }
 
 /// Tries to run `lj` for `scheduled`: only the replica that wins the lock goes on.
@@ -66,20 +91,21 @@ pub async fn start(
     kind: RunKind,
 ) {
     let namespace = lj.namespace().unwrap_or_default();
-    let manual = matches!(kind, RunKind::Manual);
+    let origin = kind.origin();
+    let manual = origin == Origin::Manual;
     let name = lj.name_any();
     let key: RunKey = (
         namespace.clone(),
-        if manual {
-            format!("{name}#run-now")
-        } else {
-            name.clone()
+        match origin {
+            Origin::Schedule => name.clone(),
+            Origin::Manual => format!("{name}#run-now"),
+            Origin::Backfill => format!("{name}#backfill"),
         },
         scheduled.as_second(),
     );
     let last_run = last_run_tag(&lj);
     let (ttl, timing) = (valid.timing.ttl, valid.timing);
-    let span = tracing::info_span!("run", namespace = %namespace, name = %name, lock = %valid.lock_name, scheduled = %scheduled, manual, token = tracing::field::Empty);
+    let span = tracing::info_span!("run", namespace = %namespace, name = %name, lock = %valid.lock_name, scheduled = %scheduled, origin = ?origin, token = tracing::field::Empty);
     let settled = &ctx.runs.settled;
     let launched = {
         let Some(_starting) = ctx.runs.claim_start(&key) else {
@@ -100,7 +126,7 @@ pub async fn start(
             }
             // The Job's name is the same in every replica of this cluster: once it is in the
             // cache, the last holder took this time.
-            let job = job_name(&name, scheduled, valid.policy.schedule.has_seconds());
+            let job = kind.job_name(&valid, &name, scheduled);
             if ctx.cached_job(&namespace, &job).is_some() {
                 settled.set(key, Instant::now() + ttl);
                 return;

@@ -127,12 +127,17 @@ pub(super) fn record(
 /// Removes the `lockedjob.dev/run-now` annotation if it still holds `value` (a newer request
 /// written meanwhile stays).
 pub async fn clear_run_now(ctx: &Context, lj: &LockedJob, value: &str) {
+    clear_annotation(ctx, lj, ANNOTATION_RUN_NOW, value).await;
+}
+
+/// Removes annotation `key` if it still holds `value`.
+pub async fn clear_annotation(ctx: &Context, lj: &LockedJob, key: &str, value: &str) {
     let api: Api<LockedJob> =
         Api::namespaced(ctx.client.clone(), &lj.namespace().unwrap_or_default());
     // JSON pointer escaping of the annotation key: '/' is '~1'.
     let path = format!(
         "/metadata/annotations/{}",
-        ANNOTATION_RUN_NOW.replace('~', "~0").replace('/', "~1")
+        key.replace('~', "~0").replace('/', "~1")
     );
     let patch = json!([
         {"op": "test", "path": path, "value": value},
