@@ -182,17 +182,8 @@ async fn two_clusters_sharing_redis_run_each_time_once_across_both() {
 async fn two_clusters(east: Cluster, west: Cluster) {
     let nodes = RedisNodes::start(5, Persistence::AppendFsyncAlways).expect("start redis-server");
     let dir = tempfile::tempdir().expect("dir");
-    let mut replicas = Vec::new();
+    let replicas = replicas_of_two(&east, &west, &nodes, dir.path());
     for (cluster_id, cluster) in [("east", &east), ("west", &west)] {
-        for i in 0..2 {
-            replicas.push(Replica::start(
-                cluster,
-                &nodes.urls(),
-                cluster_id,
-                &format!("r{i}"),
-                dir.path(),
-            ));
-        }
         cluster
             .api::<LockedJob>()
             .create(

@@ -143,12 +143,7 @@ impl Redlock {
         ttl: Duration,
         step: u64,
     ) -> Result<Lease, LockError> {
-        let started = Instant::now();
-        let result = self.attempt(name, ttl, Some((name, step))).await;
-        self.inner
-            .metrics
-            .record_acquire(outcome_of(&result), started.elapsed());
-        result
+        self.try_acquire_step_in(name, ttl, name, step).await
     }
 
     /// Like [`Redlock::try_acquire_step`], but with the progress register of `register`
