@@ -558,6 +558,59 @@ async fn a_step_is_started_once_across_holders_even_with_a_node_down() {
     );
 }
 
+/// A step in a register of its own (a backfill): ordered and once within that register, while
+/// the lock and its fence stay shared with the lock's own steps, which it neither reads nor moves.
+/// One node's value is the adoption hint: it names the holder while held, nothing after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_step_in_another_register_shares_the_lock_but_not_the_progress() {
+    let nodes = RedisNodes::start(3, Persistence::None).expect("start redis-server");
+    let a = engine(nodes.urls(), "test/a");
+    let b = engine(nodes.urls(), "test/b");
+    let ttl = 10 * SECOND;
+    let scheduled = a
+        .try_acquire_step("sweep", ttl, 500)
+        .await
+        .expect("step 500");
+    for which in 0..4 {
+        assert_eq!(
+            b.value_on_node("sweep", which).await.as_deref(),
+            Some(scheduled.value()),
+            "node {which} (modulo 3) names the holder"
+        );
+    }
+    let held = b
+        .try_acquire_step_in("sweep", ttl, "sweep#backfill:1-2", 100)
+        .await
+        .expect_err("the lock is shared: a backfill step waits for the scheduled run");
+    assert!(held.is_contended(), "{held}");
+    a.release(&scheduled).await;
+    assert_eq!(b.value_on_node("sweep", 1).await, None, "released: no hint");
+    let filled = b
+        .try_acquire_step_in("sweep", ttl, "sweep#backfill:1-2", 100)
+        .await
+        .expect("a backfill step below the schedule's progress runs in its own register");
+    assert!(filled.token() > scheduled.token(), "one fence for both");
+    b.release(&filled).await;
+    match a
+        .try_acquire_step_in("sweep", ttl, "sweep#backfill:1-2", 100)
+        .await
+    {
+        Err(LockError::StepDone { done, .. }) => assert_eq!(done, 100),
+        other => panic!("step 100 of the backfill ran: {other:?}"),
+    }
+    assert_eq!(
+        nodes[0].get("lockedjob:progress:sweep").as_deref(),
+        Some("500"),
+        "the lock's own register is untouched"
+    );
+    assert_eq!(
+        nodes[0]
+            .get("lockedjob:progress:sweep#backfill:1-2")
+            .as_deref(),
+        Some("100")
+    );
+}
+
 /// A server that answers every command `+OK`, whatever it was: a broken proxy or a
 /// misconfigured port. Commands are counted by their RESP array headers.
 async fn garbage_node() -> (String, tokio::task::JoinHandle<()>) {

@@ -6,12 +6,15 @@ mod decide;
 mod events;
 mod health;
 pub mod jobs;
+mod memory;
 mod reconcile;
 #[cfg(test)]
 mod reconcile_tests;
 mod run;
 mod runs;
 pub mod status;
+
+pub use memory::return_large_allocations_to_the_system;
 
 use crate::api::LockedJob;
 use crate::metrics::Metrics;
@@ -47,6 +50,11 @@ pub struct OperatorArgs {
     /// Address of /healthz, /readyz and /metrics.
     #[arg(long, env = "LOCKEDJOB_METRICS_ADDR", default_value = "0.0.0.0:8080")]
     pub metrics_addr: SocketAddr,
+    /// Kubernetes API requests this replica has in flight at most (watches not counted once
+    /// their stream has begun); more wait their turn. Each in-flight request needs a
+    /// connection of its own (kube-rs speaks HTTP/1.1), with its TLS and read buffers.
+    #[arg(long, env = "LOCKEDJOB_API_CONCURRENCY", default_value_t = 32, value_parser = clap::value_parser!(u16).range(1..))]
+    pub api_concurrency: u16,
 }
 
 /// Exit code for bad configuration (as `exec`).
@@ -173,22 +181,6 @@ impl Context {
     }
 }
 
-/// Asks glibc to serve allocations of 32 KiB and more (list and watch bodies, decoded object
-/// lists) from their own mappings, returned to the system when freed. By default glibc raises
-/// that threshold after the first such free, up to 32 MiB, and the large buffers then land in
-/// the heap, whose freed holes it keeps: with 1,000 idle LockedJobs a replica's RSS was
-/// 63–75 MiB with the default and 32–33 MiB with this (measured with the idle mode of the
-/// LockedJob-only operator bench that `benches/operator.rs` replaced). Call it before the async runtime starts: called from inside it, the figure was
-/// 41–52 MiB.
-pub fn return_large_allocations_to_the_system() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: mallopt only sets an allocator parameter, under glibc's own locks, so it may be
-    // called while other threads allocate; a refusal (it returns 0) changes nothing.
-    unsafe {
-        libc::mallopt(libc::M_MMAP_THRESHOLD, 32 * 1024);
-    }
-}
-
 /// Runs the operator until SIGTERM/SIGINT; returns the process exit code.
 pub async fn run(args: OperatorArgs) -> i32 {
     let Some((client, engine, metrics)) = connect(&args).await else {
@@ -220,6 +212,7 @@ pub async fn run(args: OperatorArgs) -> i32 {
         }
     };
     background.spawn(probe_redis(Arc::clone(&ctx)));
+    background.spawn(memory::trim_periodically());
     background.spawn(wait_for_shutdown(Arc::clone(&ctx)));
     let (controllers, stores) = controllers(&client, &scopes, &ctx);
     background.spawn(mark_synced(Arc::clone(&ctx), stores));
@@ -245,7 +238,12 @@ async fn connect(args: &OperatorArgs) -> Option<(Client, Redlock, Metrics)> {
         config
             .headers
             .push((http::header::USER_AGENT, user_agent(&args.redis.holder())));
-        Client::try_from(config).map_err(|e| e.to_string())
+        // Without a bound, a minute's burst of runs at 1,000 LockedJobs opened hundreds of
+        // connections at once, and their buffers, kept in the idle pool, were most of a
+        // replica's peak memory.
+        let limit = tower::limit::ConcurrencyLimitLayer::new(usize::from(args.api_concurrency));
+        let builder = kube::client::ClientBuilder::try_from(config).map_err(|e| e.to_string())?;
+        Ok::<_, String>(builder.with_layer(&limit).build())
     };
     match client.await {
         Ok(client) => Some((client, engine, metrics)),

@@ -7,7 +7,7 @@ use super::super::jobs::{job_state, scheduled_time, JobState};
 use super::super::Context;
 use super::report::{bounded, API_CALL_LIMIT};
 use super::supervise::{supervise, HeldRun};
-use crate::api::{LockedJob, ValidSpec};
+use crate::api::{LockedJob, ValidSpec, ANNOTATION_LOCK_VALUE};
 use crate::redlock::Lease;
 use jiff::Timestamp;
 use k8s_openapi::api::batch::v1::Job;
@@ -25,7 +25,11 @@ pub async fn check_orphan(ctx: Arc<Context>, lj: Arc<LockedJob>, valid: ValidSpe
         let Some(_checking) = ctx.runs.claim_job(&key) else {
             return;
         };
-        try_adopt(&ctx, &lj, &valid, &job_name)
+        let lock_value = job
+            .annotations()
+            .get(ANNOTATION_LOCK_VALUE)
+            .map(String::as_str);
+        try_adopt(&ctx, &lj, &valid, &job_name, lock_value)
             .instrument(span.clone())
             .await
     };
@@ -36,7 +40,7 @@ pub async fn check_orphan(ctx: Arc<Context>, lj: Arc<LockedJob>, valid: ValidSpe
             timing: valid.timing,
             scheduled: scheduled_time(&job).unwrap_or_else(Timestamp::now),
         };
-        supervise(ctx, lj, run).instrument(span).await;
+        Box::pin(supervise(ctx, lj, run).instrument(span)).await;
     }
 }
 
@@ -45,8 +49,26 @@ async fn try_adopt(
     lj: &LockedJob,
     valid: &ValidSpec,
     job_name: &str,
+    lock_value: Option<&str>,
 ) -> Option<Lease> {
     let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), &lj.namespace().unwrap_or_default());
+    // A hint first, from one node (a random one each time): if it still stores the lock value
+    // the Job was created with, the Job's holder renewed within a TTL and is alive. That is the
+    // usual answer, and it costs one request instead of one per node; anything else (another
+    // value, none, no answer) goes on to the quorum read, which alone may lead to a delete or
+    // an acquisition.
+    if let Some(value) = lock_value {
+        let node = rand::random::<u32>() as usize;
+        if ctx
+            .engine
+            .value_on_node(&valid.lock_name, node)
+            .await
+            .as_deref()
+            == Some(value)
+        {
+            return None;
+        }
+    }
     let ours = format!("{}/", ctx.cluster_id);
     match ctx.engine.current_holder(&valid.lock_name).await {
         Some(holder) if holder.starts_with(&ours) => None,

@@ -132,9 +132,10 @@ pub async fn start(
                 return;
             }
         }
-        launch::launch(&ctx, &lj, &valid, scheduled, kind)
-            .instrument(span.clone())
-            .await
+        // Boxed, as the supervision below: a task waiting out HEAD_START (most of a minute's
+        // tasks on the replicas that lose) then holds a small future, not every stage's state
+        // (10 KB a task, thousands of tasks at 1,000 LockedJobs).
+        Box::pin(launch::launch(&ctx, &lj, &valid, scheduled, kind).instrument(span.clone())).await
     };
     match launched {
         Ok(launched) => {
@@ -145,7 +146,7 @@ pub async fn start(
                 timing,
                 scheduled,
             };
-            supervise(Arc::clone(&ctx), lj, run).instrument(span).await;
+            Box::pin(supervise(Arc::clone(&ctx), lj, run).instrument(span)).await;
         }
         // Someone holds the lock for this time: it runs there. Try again only once their
         // lease could have expired (they may have died before creating the Job).
