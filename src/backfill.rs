@@ -30,20 +30,23 @@ pub struct BackfillArgs {
     pub namespace: Option<String>,
 }
 
-/// The annotation value for a range: `FROM/TO`.
-pub fn annotation_value(from: Timestamp, to: Timestamp) -> String {
-    format!("{from}/{to}")
-}
-
 /// One line for a backfill's status.
 pub fn describe(status: &BackfillStatus) -> String {
     let last = status
         .last_time
         .as_ref()
         .map_or("none yet".to_string(), |t| t.0.to_string());
+    let range = BackfillRange {
+        from: status.from.0,
+        to: status.to.0,
+    };
     format!(
-        "backfill {}/{}: {:?}, {} of {} started, {} remaining (last started: {last})",
-        status.from.0, status.to.0, status.phase, status.started, status.total, status.remaining
+        "backfill {}: {:?}, {} of {} started, {} remaining (last started: {last})",
+        range.annotation(),
+        status.phase,
+        status.started,
+        status.total,
+        status.remaining
     )
 }
 
@@ -85,7 +88,7 @@ async fn execute(args: BackfillArgs) -> Result<String, (i32, String)> {
         (Some(from), Some(to), false) => {
             let schedule = Schedule::parse(&lj.spec.schedule, lj.spec.time_zone.as_deref())
                 .map_err(|e| (EXIT_USAGE, format!("LockedJob {name}: {e}")))?;
-            let value = annotation_value(from, to);
+            let value = BackfillRange { from, to }.annotation();
             let range = BackfillRange::parse(&value, &schedule, Timestamp::now())
                 .map_err(|message| (EXIT_USAGE, message))?;
             Some((value, range.count(&schedule)))

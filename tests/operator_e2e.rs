@@ -10,14 +10,13 @@ mod e2e;
 mod support;
 
 use e2e::{
-    check, cluster_pairs, clusters, condition, logs_of, wait_for_holder, Cluster, Journal, Lab,
-    Replica,
+    annotate, check, cluster_pairs, clusters, condition, logs_of, wait_for_holder, Cluster,
+    Journal, Lab, Replica,
 };
 use k8s_openapi::api::batch::v1::Job;
 use kube::api::{Api, PostParams};
 use lockedjob::api::LockedJob;
 use nix::sys::signal::Signal;
-use serde_json::json;
 use std::time::Duration;
 use support::kubernetes::eventually;
 use support::{Persistence, ProxyMode, RedisNodes, SetChecks};
@@ -452,7 +451,6 @@ async fn run_now_annotation_runs_once_per_request_across_replicas() {
 }
 
 async fn run_now(lab: Lab) {
-    use kube::api::{Patch, PatchParams};
     use kube::ResourceExt;
     let c = &lab.cluster;
     let api: Api<LockedJob> = c.api();
@@ -464,15 +462,7 @@ async fn run_now(lab: Lab) {
     )
     .await
     .expect("create");
-    let annotate = |value: &str| {
-        let api = api.clone();
-        let patch = json!({"metadata": {"annotations": {"lockedjob.dev/run-now": value}}});
-        async move {
-            api.patch("manual", &PatchParams::default(), &Patch::Merge(patch))
-                .await
-                .expect("annotate")
-        }
-    };
+    let request = |value| annotate(&api, "manual", "lockedjob.dev/run-now", Some(value));
     let annotation_cleared = || async {
         api.get("manual")
             .await
@@ -484,7 +474,7 @@ async fn run_now(lab: Lab) {
         .into_iter()
         .enumerate()
     {
-        annotate(requested).await;
+        request(requested).await;
         assert!(
             lab.journal
                 .wait_for(c.secs(20.0), |runs| runs.len() == i + 1)
@@ -528,7 +518,7 @@ async fn run_now(lab: Lab) {
         "a manual run is no scheduled time"
     );
 
-    annotate("tomorrow").await;
+    request("tomorrow").await;
     assert!(
         eventually(c.secs(20.0), annotation_cleared).await,
         "a malformed request is cleared"
@@ -725,8 +715,8 @@ async fn backfill_runs_each_time_once_across_two_clusters_and_stops_when_cancell
 
 async fn backfill(east: Cluster, west: Cluster) {
     use jiff::{SignedDuration, Timestamp};
-    use kube::api::{Patch, PatchParams};
     use lockedjob::api::BackfillPhase;
+    use lockedjob::schedule::BackfillRange;
     let nodes = RedisNodes::start(5, Persistence::AppendFsyncAlways).expect("start redis-server");
     let dir = tempfile::tempdir().expect("dir");
     let step = east.secs(2.0).as_secs() as i64;
@@ -778,16 +768,11 @@ async fn backfill(east: Cluster, west: Cluster) {
         String::from_utf8_lossy(&out.stdout).contains("6 scheduled times"),
         "{out:?}"
     );
-    let annotate = |cluster: &Cluster, value: Option<String>| {
+    let request = |cluster: &Cluster, value: Option<String>| {
         let api = cluster.api::<LockedJob>();
-        let patch = json!({"metadata": {"annotations": {"lockedjob.dev/backfill": value}}});
-        async move {
-            api.patch("filled", &PatchParams::default(), &Patch::Merge(patch))
-                .await
-                .expect("annotate")
-        }
+        async move { annotate(&api, "filled", "lockedjob.dev/backfill", value.as_deref()).await }
     };
-    annotate(&west, Some(format!("{from}/{to}"))).await;
+    request(&west, Some(BackfillRange { from, to }.annotation())).await;
     let in_range = |runs: &[e2e::Run]| {
         runs.iter()
             .filter(|r| {
@@ -846,9 +831,13 @@ async fn backfill(east: Cluster, west: Cluster) {
     // A long range, cancelled in both clusters after its first runs.
     let long_from = at(from.as_second() - 200 * step);
     let long_to = at(from.as_second() - step);
-    let long = format!("{long_from}/{long_to}");
-    annotate(&east, Some(long.clone())).await;
-    annotate(&west, Some(long)).await;
+    let long = BackfillRange {
+        from: long_from,
+        to: long_to,
+    }
+    .annotation();
+    request(&east, Some(long.clone())).await;
+    request(&west, Some(long)).await;
     assert!(
         journal
             .wait_for(east.secs(60.0), |runs| runs.len() >= 8)
@@ -862,7 +851,7 @@ async fn backfill(east: Cluster, west: Cluster) {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    annotate(&west, None).await;
+    request(&west, None).await;
     assert!(
         eventually(east.secs(20.0), || async {
             phase(&east)

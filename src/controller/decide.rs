@@ -253,21 +253,30 @@ fn decide_backfill(
         return (None, cancelled);
     };
     let schedule = &valid.policy.schedule;
-    let range = match BackfillRange::parse(value, schedule, seen.now) {
+    let refused = |message| {
+        let refused = Backfill::Refused {
+            value: value.clone(),
+            message,
+        };
+        (Some(refused), None)
+    };
+    let range = match BackfillRange::read(value, seen.now) {
         Ok(range) => range,
-        Err(message) => {
-            let refused = Backfill::Refused {
-                value: value.clone(),
-                message,
-            };
-            return (Some(refused), None);
-        }
+        Err(message) => return refused(message),
     };
     // The request this status describes; set again after a cancel, it resumes (the
     // register skips what started).
     let same = written.filter(|b| {
         b.from.0 == range.from && b.to.0 == range.to && b.phase != BackfillPhase::Cancelled
     });
+    // A finished request starts nothing more, so its size needs no check: walking the
+    // schedule over the range (up to 1,000 steps) at every reconcile of a LockedJob that keeps
+    // a finished backfill's annotation would be work for nothing.
+    if same.is_none_or(|b| b.phase != BackfillPhase::Complete) {
+        if let Err(message) = range.check_size(value, schedule) {
+            return refused(message);
+        }
+    }
     let last = same.and_then(|b| b.last_time.as_ref().map(|t| t.0));
     let next = range.next(schedule, last);
     let backfill_active = seen

@@ -12,8 +12,8 @@ const TRIM_EVERY: Duration = Duration::from_secs(10);
 /// that threshold after the first such free, up to 32 MiB, and the large buffers then land in
 /// the heap, whose freed holes it keeps: with 1,000 idle LockedJobs a replica's RSS was
 /// 63–75 MiB with the default and 32–33 MiB with this (measured with the idle mode of the
-/// LockedJob-only operator bench that `benches/operator.rs` replaced). Call it before the async runtime starts: called from inside it, the figure was
-/// 41–52 MiB.
+/// LockedJob-only operator bench that `benches/operator.rs` replaced). Call it before the
+/// async runtime starts: called from inside it, the figure was 41–52 MiB.
 ///
 /// It also caps glibc's arenas at the number of cores (the runtime's worker threads). By
 /// default glibc gives up to 8 per core to threads that allocate at once, each keeping its own
@@ -35,8 +35,8 @@ pub fn return_large_allocations_to_the_system() {
 /// Every `TRIM_EVERY`, gives the free pages inside glibc's heaps back to the system
 /// (`malloc_trim`, which since glibc 2.8 releases whole free pages anywhere in every arena, not
 /// only at the top). The runs of a minute allocate together and free together, and what they
-/// freed otherwise stays in the process as RSS until the next burst reuses it. A pass costs
-/// well under a millisecond at these heap sizes. Runs until aborted.
+/// freed otherwise stays in the process as RSS until the next burst reuses it. Runs until
+/// aborted.
 pub async fn trim_periodically() {
     let mut every = tokio::time::interval(TRIM_EVERY);
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

@@ -390,6 +390,14 @@ impl BackfillRange {
     /// against the schedule at `now`: a past range of at most [`MAX_BACKFILL`] times, at
     /// least one.
     pub fn parse(value: &str, schedule: &Schedule, now: Timestamp) -> Result<Self, String> {
+        let range = Self::read(value, now)?;
+        range.check_size(value, schedule)?;
+        Ok(range)
+    }
+
+    /// The part of [`BackfillRange::parse`] that needs no schedule: two RFC 3339 times, in
+    /// order, the second not after `now`.
+    pub fn read(value: &str, now: Timestamp) -> Result<Self, String> {
         let fix = "set it with lockedjob backfill NAME --from FROM --to TO (RFC 3339 times, e.g. 2026-12-01T00:00:00Z)";
         let (from, to) = value.trim().split_once('/').ok_or_else(|| {
             format!("annotation lockedjob.dev/backfill={value:?} is not FROM/TO; {fix}")
@@ -414,7 +422,14 @@ impl BackfillRange {
                 range.to
             ));
         }
-        match range.count(schedule) {
+        Ok(range)
+    }
+
+    /// The part of [`BackfillRange::parse`] that walks the schedule (up to `MAX_BACKFILL + 1`
+    /// steps): at least one time in the range, at most [`MAX_BACKFILL`]. `value` is the
+    /// request, for the message.
+    pub fn check_size(&self, value: &str, schedule: &Schedule) -> Result<(), String> {
+        match self.count(schedule) {
             0 => Err(format!(
                 "backfill {value:?} holds no scheduled time of {:?}",
                 schedule.time_zone()
@@ -422,8 +437,14 @@ impl BackfillRange {
             n if n > MAX_BACKFILL => Err(format!(
                 "backfill {value:?} holds more than {MAX_BACKFILL} scheduled times; split it into smaller ranges, one after another"
             )),
-            _ => Ok(range),
+            _ => Ok(()),
         }
+    }
+
+    /// The annotation value that asks for this range: `FROM/TO`, as [`BackfillRange::read`]
+    /// reads it.
+    pub fn annotation(&self) -> String {
+        format!("{}/{}", self.from, self.to)
     }
 
     /// Scheduled times in the range, counted up to `MAX_BACKFILL + 1`.

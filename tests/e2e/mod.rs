@@ -349,6 +349,14 @@ impl Lab {
     }
 }
 
+/// Sets annotation `key` of LockedJob `name` to `value`, or removes it (`None`).
+pub async fn annotate(api: &Api<LockedJob>, name: &str, key: &str, value: Option<&str>) {
+    let patch = json!({"metadata": {"annotations": {key: value}}});
+    api.patch(name, &PatchParams::default(), &Patch::Merge(patch))
+        .await
+        .expect("annotate");
+}
+
 pub fn logs_of(replicas: &[Replica]) -> String {
     replicas
         .iter()

@@ -35,7 +35,8 @@ pub(super) async fn acquire(
             RunKind::Scheduled { .. } => ctx.engine.try_acquire_step(lock, ttl, scheduled_ms).await,
             RunKind::Backfill(range) => {
                 let register = range.register(lock);
-                (ctx.engine)
+                let engine = &ctx.engine;
+                engine
                     .try_acquire_step_in(lock, ttl, &register, scheduled_ms)
                     .await
             }
