@@ -38,8 +38,8 @@ const CRONJOB_SCHEDULED_TIME: &str = "batch.kubernetes.io/cronjob-scheduled-time
 /// A run whose Job has not appeared this long after its scheduled time counts as missed.
 const MISSED_AFTER_S: f64 = 60.0;
 /// Redis requests the replicas send for locks (readiness probes excluded).
-const LOCK_OPS: [&str; 6] = [
-    "acquire", "fence", "extend", "progress", "release", "holder",
+const LOCK_OPS: [&str; 7] = [
+    "acquire", "fence", "extend", "progress", "release", "holder", "hint",
 ];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]

@@ -88,23 +88,29 @@ async fn three_replicas(lab: Lab) {
     assert!(runs.iter().all(|r| r.lock == c.default_lock("every-2s")));
 
     // Events tell each run's story and the invalid spec.
-    let events: Vec<(String, String)> = c
+    let events: Vec<(String, String, String)> = c
         .api::<k8s_openapi::api::events::v1::Event>()
         .list(&Default::default())
         .await
         .expect("list Events")
         .items
         .into_iter()
-        .filter_map(|e| Some((e.regarding?.name?, e.reason?)))
+        .filter_map(|e| Some((e.regarding?.name?, e.reason?, e.note.unwrap_or_default())))
         .collect();
+    assert!(
+        events.iter().any(|(o, r, note)| o == "every-2s"
+            && r == "Created"
+            && note.contains("held by")
+            && note.contains("with fencing token")),
+        "a Created Event names the holder and token: {events:?}"
+    );
     for (object, reason) in [
-        ("every-2s", "Acquired"),
         ("every-2s", "Created"),
         ("every-2s", "Completed"),
         ("bad-cron", "InvalidSpec"),
     ] {
         assert!(
-            events.iter().any(|(o, r)| o == object && r == reason),
+            events.iter().any(|(o, r, _)| o == object && r == reason),
             "no {reason} Event for {object}: {events:?}"
         );
     }

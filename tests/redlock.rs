@@ -572,10 +572,14 @@ async fn a_step_in_another_register_shares_the_lock_but_not_the_progress() {
         .await
         .expect("step 500");
     for which in 0..4 {
-        assert_eq!(
-            b.value_on_node("sweep", which).await.as_deref(),
-            Some(scheduled.value()),
-            "node {which} (modulo 3) names the holder"
+        let (value, left) = b
+            .value_on_node("sweep", which)
+            .await
+            .expect("node {which} (modulo 3) has a value");
+        assert_eq!(value, scheduled.value(), "node {which} names the holder");
+        assert!(
+            left > Duration::ZERO && left <= ttl,
+            "node {which} keeps it for the rest of the TTL at most: {left:?}"
         );
     }
     let held = b

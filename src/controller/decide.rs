@@ -28,8 +28,10 @@ pub const MAX_REQUEUE: Duration = Duration::from_secs(300);
 
 /// How long after a Job started or finished the replicas leave `status.active` to the run's
 /// own status patch, which carries the change (docs/design.md, "Status"). Three replicas writing
-/// it at once cost a write and two conflicts per change.
-pub const ACTIVE_GRACE: Duration = Duration::from_secs(3);
+/// it at once cost a write and two conflicts per change. Longer than the run's patch may take
+/// (`API_CALL_LIMIT`, 5 s) and its way back through the watch under load: with 3 s, at 1,000
+/// LockedJobs the replicas wrote most changes themselves, ~9 status patches a run.
+pub const ACTIVE_GRACE: Duration = Duration::from_secs(15);
 
 /// What a reconcile saw, besides the LockedJob.
 #[derive(Debug, Clone)]
@@ -342,10 +344,14 @@ fn status_update(
 ) -> Option<StatusUpdate> {
     let status = lj.status.clone().unwrap_or_default();
     let generation = lj.metadata.generation;
+    // No scheduled time in the message: one that changed every period made each replica
+    // write every LockedJob's status once a period, racing the others (at 1,000 LockedJobs,
+    // most of the status patches that starved the API server). `lockedjob next NAME` prints
+    // the coming times.
     let ready_message = match next {
-        Some(t) if valid.policy.suspend => format!("suspended; next scheduled time {t}"),
-        Some(t) => format!("next scheduled time {t}"),
-        None => "the schedule has no future time".into(),
+        Some(_) if valid.policy.suspend => "suspended",
+        Some(_) => "scheduling",
+        None => "the schedule has no future time",
     };
     let degraded = seen.reachable < seen.nodes;
     let redis_message = format!(
@@ -372,7 +378,7 @@ fn status_update(
             conditions::READY,
             true,
             "Scheduling",
-            ready_message.as_str(),
+            ready_message,
             generation,
         ),
         (
@@ -660,17 +666,17 @@ mod tests {
         );
         let table: Vec<Row> = vec![
             (
-                "a Job started 1 s ago: wait 2 s more",
+                "a Job started 1 s ago: wait 14 s more",
                 written(json!([])),
                 vec![job("2026-01-01T10:05:00Z", "active")],
                 "2026-01-01T10:05:01Z",
-                Some(Some(2)),
+                Some(Some(14)),
             ),
             (
-                "a Job started 5 s ago and still missing: write now",
+                "a Job started 15 s ago and still missing: write now",
                 written(json!([])),
                 vec![job("2026-01-01T10:05:00Z", "active")],
-                "2026-01-01T10:05:05Z",
+                "2026-01-01T10:05:15Z",
                 Some(None),
             ),
             (
@@ -678,7 +684,7 @@ mod tests {
                 written(active_ref.clone()),
                 vec![finished_at("2026-01-01T10:05:20Z")],
                 "2026-01-01T10:05:21Z",
-                Some(Some(2)),
+                Some(Some(14)),
             ),
             (
                 "a Job gone from the cache: write now",

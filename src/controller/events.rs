@@ -21,7 +21,8 @@ const MAX_NOTE_BYTES: usize = 1024;
 /// Why an Event is published; each reason has one type (Normal or Warning).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Reason {
-    /// The lock was won for a run.
+    /// The lock was won for a run whose Job existed already (an earlier holder created it, or
+    /// an attempt whose reply was lost). A new Job's `Created` Event names the lock and token.
     Acquired,
     /// The run's Job was created.
     Created,

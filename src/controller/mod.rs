@@ -323,11 +323,19 @@ fn controllers(
     let mut stores = Vec::new();
     let mut controllers = Vec::new();
     for scope in scopes {
-        let controller = Controller::new(
+        let (store, writer) = reflector::store();
+        let lockedjobs = watcher(
             scoped_api::<LockedJob>(client, scope),
             watcher::Config::default().any_semantic(),
         )
-        .owns(
+        .default_backoff()
+        // managedFields were most of a cached LockedJob (three replicas' status writes each
+        // leave an entry), and nothing here reads them: at 1,000 LockedJobs the store was
+        // the largest item of a replica's heap.
+        .modify(|lj| lj.metadata.managed_fields = None)
+        .reflect(writer)
+        .applied_objects();
+        let controller = Controller::for_stream(lockedjobs, store).owns(
             scoped_api::<Job>(client, scope),
             watcher::Config::default().labels(jobs::LABEL_LOCKED_JOB),
         );
@@ -412,9 +420,12 @@ where
 
 async fn probe_redis(ctx: Arc<Context>) {
     let mut steady = health::SteadyCount::default();
+    let mut settled = health::SettledView::default();
     loop {
-        let reachable = ctx.engine.reachable_nodes().await;
-        ctx.health.set_reachable(steady.observe(reachable));
+        let reachable = steady.observe(ctx.engine.reachable_nodes().await);
+        ctx.health.set_reachable(reachable);
+        let reported = settled.observe(reachable, ctx.nodes(), std::time::Instant::now());
+        ctx.health.set_reported(reported);
         tokio::time::sleep(Duration::from_secs(2)).await;
     }
 }

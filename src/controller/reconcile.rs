@@ -74,7 +74,7 @@ async fn apply(lj: Arc<LockedJob>, ctx: Arc<Context>) -> Result<Action, Error> {
         Plan::Invalid { message, report } => {
             if let Some(status) = report {
                 tracing::warn!(%message, "invalid spec");
-                write_status(&ctx, &lj, &namespace, status, false).await?;
+                Box::pin(write_status(&ctx, &lj, &namespace, status, false)).await?;
                 events::publish(&ctx, &lj, Reason::InvalidSpec, message);
             }
             Ok(Action::await_change())
@@ -95,7 +95,7 @@ async fn observe(ctx: &Context, lj: &LockedJob) -> Result<Observed, Error> {
     Ok(Observed {
         now: Timestamp::now(),
         jobs,
-        reachable: ctx.health.reachable(),
+        reachable: ctx.health.reported(),
         nodes: ctx.nodes(),
         quorum: ctx.engine.quorum(),
         holder: ctx.holder.clone(),
@@ -124,7 +124,7 @@ async fn act(
         Some(RunNow::Refused { value, message }) => {
             tracing::warn!(%message, "invalid run-now request");
             events::publish(ctx, lj, Reason::InvalidRunNow, message.clone());
-            run::clear_run_now(ctx, lj, value).await;
+            Box::pin(run::clear_run_now(ctx, lj, value)).await;
         }
         None => {}
     }
@@ -133,7 +133,7 @@ async fn act(
         Some(Backfill::Refused { value, message }) => {
             tracing::warn!(%message, "invalid backfill request");
             events::publish(ctx, lj, Reason::InvalidBackfill, message.clone());
-            run::clear_annotation(ctx, lj, ANNOTATION_BACKFILL, value).await;
+            Box::pin(run::clear_annotation(ctx, lj, ANNOTATION_BACKFILL, value)).await;
         }
         None => {}
     }
@@ -150,7 +150,7 @@ async fn act(
     }
     let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), namespace);
     for doomed in &plan.delete {
-        let _ = jobs.delete(doomed, &DeleteParams::background()).await;
+        let _ = Box::pin(jobs.delete(doomed, &DeleteParams::background())).await;
     }
     if let Some(status) = plan.status {
         if let Some(wait) = status.defer {
@@ -158,7 +158,7 @@ async fn act(
             return Ok(Action::requeue(plan.requeue.min(wait)));
         }
         let backfill = status.backfill.clone();
-        if !write_status(ctx, lj, namespace, status, true).await? {
+        if !Box::pin(write_status(ctx, lj, namespace, status, true)).await? {
             // Another replica wrote first: its version reaches us through the watch and
             // reconciles again anyway. Retrying at once made three replicas whose Job caches
             // lag each other fight over `active` (130 conflicts/s at 200 LockedJobs on a real
@@ -185,7 +185,8 @@ async fn act(
 }
 
 /// Active Jobs nobody here supervises may have lost their holder: check each candidate (a TTL
-/// old, see `ValidPlan::orphan_candidates`) at most once per renew interval.
+/// old, see `ValidPlan::orphan_candidates`) at most once per renew interval, or later when the
+/// last check saw the holder's value live on (`Runs::defer_orphan_check`).
 fn check_orphans(
     ctx: &Arc<Context>,
     lj: &Arc<LockedJob>,
@@ -203,7 +204,13 @@ fn check_orphans(
         if ctx.runs.is_supervised(&key) || !ctx.runs.orphan_check_due(&key, now, every) {
             continue;
         }
-        let check = run::check_orphan(Arc::clone(ctx), Arc::clone(lj), plan.valid.clone(), job);
+        let candidate = run::Candidate::of(&job);
+        let check = run::check_orphan(
+            Arc::clone(ctx),
+            Arc::clone(lj),
+            plan.valid.clone(),
+            candidate,
+        );
         ctx.tasks.spawn(check);
     }
 }

@@ -86,6 +86,7 @@ fn context(client: kube::Client, jobs: Vec<Job>) -> Arc<Context> {
     writer.apply_watcher_event(&watcher::Event::InitDone);
     let health = Health::default();
     health.set_reachable(3);
+    health.set_reported(3);
     Arc::new(Context {
         client,
         engine,

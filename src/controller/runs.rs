@@ -20,7 +20,8 @@ pub struct Runs {
     /// Scheduled times not to try again before an instant: ones that ran (here or elsewhere),
     /// and ones another runner holds the lock for.
     pub settled: Cooldowns<RunKey>,
-    orphan_checks: Mutex<HashMap<JobKey, Instant>>,
+    /// Unsupervised Jobs not to check for a dead holder again before an instant.
+    orphan_checks: Cooldowns<JobKey>,
 }
 
 /// A key taken in one of the registry's sets until this is dropped.
@@ -68,9 +69,24 @@ impl Runs {
             .unwrap_or(true)
     }
 
-    /// See [`orphan_check_due`].
+    /// Whether an orphan candidate (an active Job at least a TTL old that this replica does
+    /// not supervise) is due for a check, and if so records the check. Every Job status
+    /// change reconciles its LockedJob on every replica; asking Redis each time cost ~100
+    /// GETs per run with 3 replicas. The first check is at once (the Job is already old
+    /// enough for its holder's lock to have expired), then at most once per `interval` (the
+    /// renew interval), or later when [`Runs::defer_orphan_check`] says so.
     pub fn orphan_check_due(&self, key: &JobKey, now: Instant, interval: Duration) -> bool {
-        orphan_check_due(&self.orphan_checks, key, now, interval)
+        if self.orphan_checks.holds(key, now, 0) {
+            return false;
+        }
+        self.orphan_checks.set(key.clone(), now + interval);
+        true
+    }
+
+    /// No check of the Job before `until`: its holder's value outlives it on a node, so the
+    /// holder cannot be gone before then.
+    pub fn defer_orphan_check(&self, key: &JobKey, until: Instant) {
+        self.orphan_checks.set(key.clone(), until);
     }
 }
 
@@ -130,35 +146,6 @@ impl<K: Eq + std::hash::Hash> Cooldowns<K> {
             .until
             .get(key)
             .is_some_and(|(until, set_at)| *until > now && set_at.is_none_or(|t| t == tag))
-    }
-}
-
-/// Whether an orphan candidate (an active Job at least a TTL old that this replica does not
-/// supervise) is due for a check, and if so records the check. Every Job status change
-/// reconciles its LockedJob on every replica; asking Redis each time cost ~100 GETs per run
-/// with 3 replicas. The first check is at once (the Job is already old enough for its
-/// holder's lock to have expired), then once per `interval` (the renew interval).
-pub fn orphan_check_due(
-    checks: &Mutex<HashMap<(String, String), Instant>>,
-    key: &(String, String),
-    now: Instant,
-    interval: Duration,
-) -> bool {
-    let Ok(mut checks) = checks.lock() else {
-        return true;
-    };
-    // Forget Jobs not checked for a long while (finished or deleted).
-    checks.retain(|_, last| now.saturating_duration_since(*last) < Duration::from_secs(600));
-    match checks.get(key) {
-        None => {
-            checks.insert(key.clone(), now);
-            true
-        }
-        Some(last) if now.saturating_duration_since(*last) < interval => false,
-        Some(_) => {
-            checks.insert(key.clone(), now);
-            true
-        }
     }
 }
 
@@ -256,32 +243,46 @@ mod tests {
     }
 
     #[test]
-    fn orphan_checks_are_spaced_by_the_interval_per_job() {
-        let checks = Mutex::new(HashMap::new());
+    fn orphan_checks_are_spaced_by_the_interval_or_the_deferral_per_job() {
+        let runs = Runs::default();
         let a = ("ns".to_string(), "job-a".to_string());
         let b = ("ns".to_string(), "job-b".to_string());
         let t0 = Instant::now();
         let interval = Duration::from_secs(10);
+        // (Job, at second, defer its next check to this second, due, what)
         let table = [
-            (&a, 0, true, "a first seen: checked at once"),
-            (&a, 1, false, "a again within the interval"),
-            (&b, 1, true, "b first seen, independently of a"),
-            (&a, 9, false, "a still within the interval"),
-            (&a, 10, true, "a once an interval has passed"),
-            (&a, 15, false, "the interval counts from the last check"),
-            (&a, 20, true, "a again after another interval"),
-            (&b, 11, true, "b an interval after its first check"),
+            (&a, 0, None, true, "a first seen: checked at once"),
+            (&a, 1, None, false, "a again within the interval"),
+            (&b, 1, None, true, "b first seen, independently of a"),
+            (&a, 9, None, false, "a still within the interval"),
+            (&a, 10, None, true, "a once an interval has passed"),
             (
-                &b,
-                700,
-                true,
-                "b forgotten after a long pause: first seen again",
+                &a,
+                15,
+                None,
+                false,
+                "the interval counts from the last check",
             ),
-            (&b, 710, true, "b an interval after that"),
+            (&a, 20, Some(45), true, "a again after another interval"),
+            (
+                &a,
+                30,
+                None,
+                false,
+                "a deferred past the interval (its holder's value lives on)",
+            ),
+            (&a, 44, None, false, "a deferred until 45"),
+            (&a, 45, None, true, "a once the deferral ends"),
+            (&b, 11, None, true, "b an interval after its first check"),
+            (&b, 700, None, true, "b after a long pause"),
+            (&b, 710, None, true, "b an interval after that"),
         ];
-        for (key, at, due, what) in table {
+        for (key, at, defer, due, what) in table {
             let now = t0 + Duration::from_secs(at);
-            assert_eq!(orphan_check_due(&checks, key, now, interval), due, "{what}");
+            assert_eq!(runs.orphan_check_due(key, now, interval), due, "{what}");
+            if let Some(until) = defer {
+                runs.defer_orphan_check(key, t0 + Duration::from_secs(until));
+            }
         }
     }
 }

@@ -604,23 +604,21 @@ impl Redlock {
             .map(|(value, _)| holder_of(value).to_string())
     }
 
-    /// The value one node (`which`, modulo the node count) stores for `name`: `None` when it
-    /// stores none or does not answer. One request, for a hint only (an orphan check): a
-    /// node still holding a holder's value has seen it renewed within a TTL, but one node is
-    /// no quorum, so nothing that needs the truth may rest on it.
-    pub async fn value_on_node(&self, name: &str, which: usize) -> Option<String> {
+    /// The value one node (`which`, modulo the node count) stores for `name`, and how long
+    /// that node keeps it unless it is renewed: `None` when it stores none or does not answer.
+    /// One request, for a hint only (an orphan check): a node still holding a holder's value
+    /// has seen it renewed within a TTL, but one node is no quorum, so nothing that needs the
+    /// truth may rest on it.
+    pub async fn value_on_node(&self, name: &str, which: usize) -> Option<(String, Duration)> {
         let count = self.inner.nodes.len();
         let skip: Vec<bool> = (0..count).map(|i| i != which % count.max(1)).collect();
-        let mut invocation = scripts::GET.prepare_invoke();
+        let mut invocation = scripts::HINT.prepare_invoke();
         invocation.key(self.lock_key(name));
         let round = self
-            .round_except::<Option<String>>("holder", &invocation, None, &skip)
+            .round_except::<(Option<String>, i64)>("hint", &invocation, None, &skip)
             .await;
-        round
-            .replies
-            .into_iter()
-            .next()
-            .and_then(|(_, value)| value)
+        let (_, (value, pttl)) = round.replies.into_iter().next()?;
+        Some((value?, Duration::from_millis(pttl.max(0) as u64)))
     }
 
     /// Every node's view of `name`: value, TTL, fence and progress registers, or why the node

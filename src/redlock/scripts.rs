@@ -86,6 +86,13 @@ const PING_LUA: &str = "return 1";
 /// Reads the lock value ("who holds it") through the same bounded path as everything else.
 const GET_LUA: &str = "return redis.call('GET', KEYS[1])";
 
+/// A lock's value on one node and its PTTL in ms (-2 when absent), for the orphan check's hint.
+const HINT_LUA: &str = r#"
+local value = redis.call('GET', KEYS[1])
+local ttl = redis.call('PTTL', KEYS[1])
+return {value, ttl}
+"#;
+
 /// One node's view of a lock, for `lockedjob status`. KEYS: lock, fence, progress. Returns
 /// {value or false, PTTL of the lock (-2 when absent), fence or false, progress or false}.
 /// One call a line, so that an ACL denial names the command (`denied_call`).
@@ -105,8 +112,9 @@ pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(RELEA
 pub(crate) static PING: LazyLock<Script> = LazyLock::new(|| Script::new(PING_LUA));
 pub(crate) static GET: LazyLock<Script> = LazyLock::new(|| Script::new(GET_LUA));
 pub(crate) static INSPECT: LazyLock<Script> = LazyLock::new(|| Script::new(INSPECT_LUA));
+pub(crate) static HINT: LazyLock<Script> = LazyLock::new(|| Script::new(HINT_LUA));
 
-const ALL: [(&str, &str); 8] = [
+const ALL: [(&str, &str); 9] = [
     ("acquire", ACQUIRE_LUA),
     ("progress", PROGRESS_LUA),
     ("fence", FENCE_LUA),
@@ -115,6 +123,7 @@ const ALL: [(&str, &str); 8] = [
     ("ping", PING_LUA),
     ("get", GET_LUA),
     ("inspect", INSPECT_LUA),
+    ("hint", HINT_LUA),
 ];
 
 /// Redis 7.0 reports a right missing inside a script as "The user executing the script can't

@@ -8,10 +8,11 @@ use crate::api::{BackfillPhase, LockedJob, ValidSpec};
 use crate::redlock::{Lease, LockError};
 use jiff::Timestamp;
 use serde_json::json;
+use tokio::sync::SemaphorePermit;
 
 use super::super::Context;
 
-/// One lock attempt for `scheduled`. The scheduled time is the lock's progress step: the
+/// One lock attempt for `scheduled`, in the slot `attempt` of `Context::lock_attempts`. The scheduled time is the lock's progress step: the
 /// engine reads the progress register in phase 1 and records this time in phase 2, so a
 /// runner (another replica or cluster) that wins the lock after this time already started
 /// does not run it again. A manual run takes the lock without a step; a backfill run's step
@@ -22,13 +23,12 @@ pub(super) async fn acquire(
     valid: &ValidSpec,
     scheduled: Timestamp,
     kind: &RunKind,
+    attempt: SemaphorePermit<'_>,
 ) -> Result<Lease, NotStarted> {
     let scheduled_ms = scheduled.as_millisecond().max(0) as u64;
     let acquired = {
         // Held for the attempt only, not for the run.
-        let Ok(_permit) = ctx.lock_attempts.acquire().await else {
-            return Err(NotStarted::Failed);
-        };
+        let _attempt = attempt;
         let (lock, ttl) = (&valid.lock_name, valid.timing.ttl);
         match kind {
             RunKind::Manual => ctx.engine.try_acquire(lock, ttl).await,

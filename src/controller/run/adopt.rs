@@ -4,6 +4,7 @@
 
 use super::super::events::{self, Reason};
 use super::super::jobs::{job_state, scheduled_time, JobState};
+use super::super::runs::JobKey;
 use super::super::Context;
 use super::report::{bounded, API_CALL_LIMIT};
 use super::supervise::{supervise, HeldRun};
@@ -14,61 +15,99 @@ use k8s_openapi::api::batch::v1::Job;
 use kube::api::{Api, DeleteParams};
 use kube::ResourceExt;
 use std::sync::Arc;
+use std::time::Instant;
 use tracing::Instrument;
 
-pub async fn check_orphan(ctx: Arc<Context>, lj: Arc<LockedJob>, valid: ValidSpec, job: Job) {
+/// What an orphan check needs of a Job: its check task holds this, not a copy of the Job
+/// (hundreds of checks are in flight at once at 1,000 LockedJobs under load).
+pub struct Candidate {
+    pub name: String,
+    /// The `lockedjob.dev/lock-value` the Job was created with.
+    pub lock_value: Option<String>,
+    pub scheduled: Option<Timestamp>,
+}
+
+impl Candidate {
+    pub fn of(job: &Job) -> Self {
+        Self {
+            name: job.name_any(),
+            lock_value: job.annotations().get(ANNOTATION_LOCK_VALUE).cloned(),
+            scheduled: scheduled_time(job),
+        }
+    }
+}
+
+pub async fn check_orphan(
+    ctx: Arc<Context>,
+    lj: Arc<LockedJob>,
+    valid: ValidSpec,
+    candidate: Candidate,
+) {
     let namespace = lj.namespace().unwrap_or_default();
-    let job_name = job.name_any();
+    let Candidate {
+        name: job_name,
+        lock_value,
+        scheduled,
+    } = candidate;
     let span = tracing::info_span!("adopt", namespace = %namespace, name = %lj.name_any(), lock = %valid.lock_name, job = %job_name, token = tracing::field::Empty);
     let adopted = {
         let key = (namespace.clone(), job_name.clone());
         let Some(_checking) = ctx.runs.claim_job(&key) else {
             return;
         };
-        let lock_value = job
-            .annotations()
-            .get(ANNOTATION_LOCK_VALUE)
-            .map(String::as_str);
-        try_adopt(&ctx, &lj, &valid, &job_name, lock_value)
-            .instrument(span.clone())
-            .await
+        if holder_alive(&ctx, &valid, &key, lock_value.as_deref()).await {
+            return;
+        }
+        // Boxed: most checks end at the hint above, and their tasks stay small.
+        Box::pin(try_adopt(&ctx, &lj, &valid, &job_name).instrument(span.clone())).await
     };
     if let Some(lease) = adopted {
         let run = HeldRun {
             job_name,
             lease,
             timing: valid.timing,
-            scheduled: scheduled_time(&job).unwrap_or_else(Timestamp::now),
+            scheduled: scheduled.unwrap_or_else(Timestamp::now),
         };
         Box::pin(supervise(ctx, lj, run).instrument(span)).await;
     }
 }
 
+/// A hint, from one node (a random one each time): if it still stores the lock value the Job
+/// was created with, the Job's holder renewed within a TTL and is alive. That is the usual
+/// answer, and it costs one request instead of one per node; anything else (another value,
+/// none, no answer) goes on to the quorum read, which alone may lead to a delete or an
+/// acquisition. The holder cannot be gone before that node lets the value expire, so the next
+/// check waits for that (at most a TTL): a check exactly when the lease would have run out,
+/// instead of one every renew interval.
+async fn holder_alive(
+    ctx: &Context,
+    valid: &ValidSpec,
+    job: &JobKey,
+    lock_value: Option<&str>,
+) -> bool {
+    let Some(value) = lock_value else {
+        return false;
+    };
+    let node = rand::random::<u32>() as usize;
+    match ctx.engine.value_on_node(&valid.lock_name, node).await {
+        Some((stored, left)) if stored == value => {
+            let wait = left.min(valid.timing.ttl);
+            ctx.runs.defer_orphan_check(job, Instant::now() + wait);
+            true
+        }
+        _ => false,
+    }
+}
+
+/// The quorum's word on the lock: leave the Job to a holder of this cluster, delete it for
+/// another cluster's, adopt it by acquiring the lock afresh when nobody holds it.
 async fn try_adopt(
     ctx: &Context,
     lj: &LockedJob,
     valid: &ValidSpec,
     job_name: &str,
-    lock_value: Option<&str>,
 ) -> Option<Lease> {
     let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), &lj.namespace().unwrap_or_default());
-    // A hint first, from one node (a random one each time): if it still stores the lock value
-    // the Job was created with, the Job's holder renewed within a TTL and is alive. That is the
-    // usual answer, and it costs one request instead of one per node; anything else (another
-    // value, none, no answer) goes on to the quorum read, which alone may lead to a delete or
-    // an acquisition.
-    if let Some(value) = lock_value {
-        let node = rand::random::<u32>() as usize;
-        if ctx
-            .engine
-            .value_on_node(&valid.lock_name, node)
-            .await
-            .as_deref()
-            == Some(value)
-        {
-            return None;
-        }
-    }
     let ours = format!("{}/", ctx.cluster_id);
     match ctx.engine.current_holder(&valid.lock_name).await {
         Some(holder) if holder.starts_with(&ours) => None,

@@ -8,7 +8,7 @@ mod launch;
 mod report;
 mod supervise;
 
-pub use adopt::check_orphan;
+pub use adopt::{check_orphan, Candidate};
 pub use report::{clear_annotation, clear_run_now, stop_all};
 
 use super::jobs::{backfill_job_name, job_name, manual_job_name, Origin};
@@ -132,10 +132,17 @@ pub async fn start(
                 return;
             }
         }
-        // Boxed, as the supervision below: a task waiting out HEAD_START (most of a minute's
-        // tasks on the replicas that lose) then holds a small future, not every stage's state
-        // (10 KB a task, thousands of tasks at 1,000 LockedJobs).
-        Box::pin(launch::launch(&ctx, &lj, &valid, scheduled, kind).instrument(span.clone())).await
+        // Boxed, as the supervision below, and only once this task has a lock-attempt slot:
+        // the tasks waiting out HEAD_START or for a slot (most of a minute's tasks at the top
+        // of the minute) then hold a small future, not every stage's state (10 KB a task,
+        // thousands of tasks at 1,000 LockedJobs).
+        match ctx.lock_attempts.acquire().await {
+            Ok(attempt) => {
+                let launch = launch::launch(&ctx, &lj, &valid, scheduled, kind, attempt);
+                Box::pin(launch.instrument(span.clone())).await
+            }
+            Err(_) => Err(NotStarted::Failed),
+        }
     };
     match launched {
         Ok(launched) => {
