@@ -472,8 +472,9 @@ fn unreachable_nodes_are_an_error_not_a_hang_or_panic() {
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
     runtime.block_on(async {
         // Free ports with nothing listening.
-        let urls = (0..3)
-            .map(|_| format!("redis://127.0.0.1:{}", support::free_port()))
+        let urls = support::free_ports(3)
+            .into_iter()
+            .map(|port| format!("redis://127.0.0.1:{port}"))
             .collect();
         let client = engine(urls, "test/nobody");
         let err = client

@@ -72,6 +72,18 @@ pub fn free_port() -> u16 {
     lockedjob::lab::harness::free_port().expect("a free loopback port")
 }
 
+/// `n` distinct free loopback ports: bound all at once, so that two of them cannot be the same
+/// port handed out twice (which made an engine config with duplicate nodes).
+pub fn free_ports(n: usize) -> Vec<u16> {
+    let listeners: Vec<std::net::TcpListener> = (0..n)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("bind a loopback port"))
+        .collect();
+    listeners
+        .iter()
+        .map(|l| l.local_addr().expect("a bound address").port())
+        .collect()
+}
+
 /// The README's least-privilege `ACL SETUSER` line (after its marker), split into arguments,
 /// with `password` for `<password>`: tests create exactly the documented user.
 pub fn readme_acl_setuser(password: &str) -> Vec<String> {
