@@ -36,13 +36,9 @@ pub fn describe(status: &BackfillStatus) -> String {
         .last_time
         .as_ref()
         .map_or("none yet".to_string(), |t| t.0.to_string());
-    let range = BackfillRange {
-        from: status.from.0,
-        to: status.to.0,
-    };
     format!(
         "backfill {}: {:?}, {} of {} started, {} remaining (last started: {last})",
-        range.annotation(),
+        status.range().annotation(),
         status.phase,
         status.started,
         status.total,

@@ -576,7 +576,7 @@ async fn a_step_in_another_register_shares_the_lock_but_not_the_progress() {
         let (value, left) = b
             .value_on_node("sweep", which)
             .await
-            .expect("node {which} (modulo 3) has a value");
+            .unwrap_or_else(|| panic!("node {which} (modulo 3) has no value"));
         assert_eq!(value, scheduled.value(), "node {which} names the holder");
         assert!(
             left > Duration::ZERO && left <= ttl,

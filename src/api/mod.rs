@@ -281,6 +281,16 @@ pub struct BackfillStatus {
     pub last_time: Option<Time>,
 }
 
+impl BackfillStatus {
+    /// The request this status describes.
+    pub fn range(&self) -> crate::schedule::BackfillRange {
+        crate::schedule::BackfillRange {
+            from: self.from.0,
+            to: self.to.0,
+        }
+    }
+}
+
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
 pub enum BackfillPhase {
     /// Times remain; they start one after another, each once the lock is free.

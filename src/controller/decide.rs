@@ -268,9 +268,7 @@ fn decide_backfill(
     };
     // The request this status describes; set again after a cancel, it resumes (the
     // register skips what started).
-    let same = written.filter(|b| {
-        b.from.0 == range.from && b.to.0 == range.to && b.phase != BackfillPhase::Cancelled
-    });
+    let same = written.filter(|b| b.range() == range && b.phase != BackfillPhase::Cancelled);
     // A finished request starts nothing more, so its size needs no check: walking the
     // schedule over the range (up to 1,000 steps) at every reconcile of a LockedJob that keeps
     // a finished backfill's annotation would be work for nothing.

@@ -7,7 +7,7 @@ use super::events::{self, Reason};
 use super::jobs::is_running;
 use super::{run, Context, Error, FINALIZER};
 use crate::api::{BackfillPhase, LockedJob, ANNOTATION_BACKFILL};
-use crate::schedule::{BackfillRange, TOO_MANY_MISSED};
+use crate::schedule::TOO_MANY_MISSED;
 use jiff::Timestamp;
 use k8s_openapi::api::batch::v1::Job;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
@@ -167,11 +167,7 @@ async fn act(
         }
         // The replica whose write landed tells; the others' writes were refused.
         if let Some(b) = backfill {
-            let range = BackfillRange {
-                from: b.from.0,
-                to: b.to.0,
-            }
-            .annotation();
+            let range = b.range().annotation();
             match b.phase {
                 BackfillPhase::Complete => events::publish(ctx, lj, Reason::BackfillComplete,
                     format!("backfill {range}: all {} scheduled times started", b.total)),

@@ -12,11 +12,11 @@ use tokio::sync::SemaphorePermit;
 
 use super::super::Context;
 
-/// One lock attempt for `scheduled`, in the slot `attempt` of `Context::lock_attempts`. The scheduled time is the lock's progress step: the
-/// engine reads the progress register in phase 1 and records this time in phase 2, so a
-/// runner (another replica or cluster) that wins the lock after this time already started
-/// does not run it again. A manual run takes the lock without a step; a backfill run's step
-/// goes to the backfill's own register.
+/// One lock attempt for `scheduled`, in the slot `attempt` of `Context::lock_attempts`. The
+/// scheduled time is the lock's progress step: the engine reads the progress register in
+/// phase 1 and records this time in phase 2, so a runner (another replica or cluster) that
+/// wins the lock after this time already started does not run it again. A manual run takes
+/// the lock without a step; a backfill run's step goes to the backfill's own register.
 pub(super) async fn acquire(
     ctx: &Context,
     lj: &LockedJob,
@@ -35,8 +35,7 @@ pub(super) async fn acquire(
             RunKind::Scheduled { .. } => ctx.engine.try_acquire_step(lock, ttl, scheduled_ms).await,
             RunKind::Backfill(range) => {
                 let register = range.register(lock);
-                let engine = &ctx.engine;
-                engine
+                ctx.engine
                     .try_acquire_step_in(lock, ttl, &register, scheduled_ms)
                     .await
             }
