@@ -38,8 +38,15 @@ const CRONJOB_SCHEDULED_TIME: &str = "batch.kubernetes.io/cronjob-scheduled-time
 /// A run whose Job has not appeared this long after its scheduled time counts as missed.
 const MISSED_AFTER_S: f64 = 60.0;
 /// Redis requests the replicas send for locks (readiness probes excluded).
-const LOCK_OPS: [&str; 7] = [
-    "acquire", "fence", "extend", "progress", "release", "holder", "hint",
+const LOCK_OPS: [&str; 8] = [
+    "acquire",
+    "fence",
+    "extend",
+    "progress",
+    "release",
+    "holder",
+    "hint",
+    "step_hint",
 ];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -214,17 +221,20 @@ fn scrape(addr: &str) -> String {
     body
 }
 
-/// `lockedjob_redis_requests_total` by op, summed over the replicas.
-fn redis_requests(replicas: &[Replica]) -> BTreeMap<String, f64> {
+/// A labelled counter of the replicas (`family{label="value"} n`) by its one label's value,
+/// summed over the replicas.
+fn counters(bodies: &[String], family: &str) -> BTreeMap<String, f64> {
     let mut out = BTreeMap::new();
-    for body in replicas.iter().map(|r| scrape(&r.metrics)) {
-        for line in body.lines() {
-            let Some(rest) = line.strip_prefix("lockedjob_redis_requests_total{op=\"") else {
-                continue;
-            };
-            if let Some((op, n)) = rest.split_once("\"} ") {
-                *out.entry(op.to_string()).or_insert(0.0) += n.trim().parse::<f64>().unwrap_or(0.0);
-            }
+    for line in bodies.iter().flat_map(|body| body.lines()) {
+        let Some(rest) = line
+            .strip_prefix(family)
+            .and_then(|rest| rest.strip_prefix('{'))
+            .and_then(|rest| rest.split_once("=\"").map(|(_, value)| value))
+        else {
+            continue;
+        };
+        if let Some((value, n)) = rest.split_once("\"} ") {
+            *out.entry(value.to_string()).or_insert(0.0) += n.trim().parse::<f64>().unwrap_or(0.0);
         }
     }
     out
@@ -351,14 +361,19 @@ async fn sleep_until(unix_ms: i64) {
 struct Snapshot {
     replica_cpu: Vec<f64>,
     kcm_cpu: f64,
+    /// `lockedjob_redis_requests_total` by op.
     redis: BTreeMap<String, f64>,
+    /// `lockedjob_lock_acquisitions_total` by outcome: scheduled runs, adoptions, retries.
+    attempts: BTreeMap<String, f64>,
 }
 
 fn snapshot(replicas: &[Replica], kcm: Option<u32>) -> Snapshot {
+    let bodies: Vec<String> = replicas.iter().map(|r| scrape(&r.metrics)).collect();
     Snapshot {
         replica_cpu: replicas.iter().map(|r| cpu_seconds(r.child.id())).collect(),
         kcm_cpu: kcm.map(cpu_seconds).unwrap_or(f64::NAN),
-        redis: redis_requests(replicas),
+        redis: counters(&bodies, "lockedjob_redis_requests_total"),
+        attempts: counters(&bodies, "lockedjob_lock_acquisitions_total"),
     }
 }
 
@@ -567,6 +582,18 @@ async fn bench(n: usize, minutes: i64, warm_up: bool) {
     println!(
         "Redis requests per LockedJob run by op: {}",
         by_op.join(", ")
+    );
+    let by_outcome: Vec<String> = after
+        .attempts
+        .iter()
+        .map(|(outcome, n)| {
+            let before = before.attempts.get(outcome).copied().unwrap_or(0.0);
+            format!("{outcome} {:.2}", per(n - before, locked.runs))
+        })
+        .collect();
+    println!(
+        "Lock attempts per LockedJob run by outcome (all replicas): {}",
+        by_outcome.join(", ")
     );
 
     assert!(locked.runs > 0, "no LockedJob run was seen in the window");

@@ -616,6 +616,50 @@ async fn a_step_in_another_register_shares_the_lock_but_not_the_progress() {
     );
 }
 
+/// One node's progress register is the hint of the replicas that held back: a time a winner
+/// started (or a later one) is there on every node of its quorum; a later time, another
+/// register, or a node that does not answer says nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_nodes_progress_register_tells_a_started_step() {
+    let mut nodes = RedisNodes::start(3, Persistence::None).expect("start redis-server");
+    let a = engine(nodes.urls(), "test/a");
+    let b = engine(nodes.urls(), "test/b");
+    let ttl = 10 * SECOND;
+    assert!(
+        !b.step_started_on_node("report", 500, 0).await,
+        "nothing started yet"
+    );
+    let lease = a
+        .try_acquire_step("report", ttl, 500)
+        .await
+        .expect("step 500");
+    for which in 0..3 {
+        for (step, started) in [(499, true), (500, true), (501, false)] {
+            assert_eq!(
+                b.step_started_on_node("report", step, which).await,
+                started,
+                "node {which}, step {step}"
+            );
+        }
+        assert!(
+            !b.step_started_on_node("report#backfill:1-2", 500, which)
+                .await,
+            "node {which}: another register"
+        );
+    }
+    a.release(&lease).await;
+    assert!(
+        b.step_started_on_node("report", 500, 1).await,
+        "a release leaves the register"
+    );
+    blocking(|| nodes[1].kill9());
+    assert!(
+        !b.step_started_on_node("report", 500, 1).await,
+        "a node that does not answer proves nothing"
+    );
+    assert!(b.step_started_on_node("report", 500, 2).await);
+}
+
 /// A server that answers every command `+OK`, whatever it was: a broken proxy or a
 /// misconfigured port. Commands are counted by their RESP array headers.
 async fn garbage_node() -> (String, tokio::task::JoinHandle<()>) {

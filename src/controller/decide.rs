@@ -21,6 +21,7 @@ use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// The longest a LockedJob waits for its next reconcile.
@@ -91,7 +92,8 @@ pub enum RunNow {
 
 #[derive(Debug, Clone)]
 pub struct ValidPlan {
-    pub valid: ValidSpec,
+    /// Shared with the run and orphan-check tasks this reconcile starts (each held a copy).
+    pub valid: Arc<ValidSpec>,
     /// The run-now annotation, when set.
     pub run_now: Option<RunNow>,
     /// A scheduled run to start, with the active Jobs to stop first (Replace).
@@ -230,7 +232,7 @@ fn decide_valid(lj: &LockedJob, seen: &Observed, valid: ValidSpec) -> ValidPlan 
         status: status_update(lj, seen, &valid, next, &active, backfill_status),
         orphan_candidates,
         requeue: requeue.max(Duration::from_millis(50)),
-        valid,
+        valid: Arc::new(valid),
     }
 }
 

@@ -23,7 +23,7 @@ use crate::redlock::Redlock;
 use futures::StreamExt;
 use health::Health;
 use k8s_openapi::api::batch::v1::Job;
-use kube::runtime::controller::Controller;
+use kube::runtime::controller::{self, Controller};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client};
@@ -52,7 +52,8 @@ pub struct OperatorArgs {
     pub metrics_addr: SocketAddr,
     /// Kubernetes API requests this replica has in flight at most (watches not counted once
     /// their stream has begun); more wait their turn. Each in-flight request needs a
-    /// connection of its own (kube-rs speaks HTTP/1.1), with its TLS and read buffers.
+    /// connection of its own (kube-rs speaks HTTP/1.1), with its TLS and read buffers. Bounds
+    /// the reconciles in flight too, at twice this.
     #[arg(long, env = "LOCKEDJOB_API_CONCURRENCY", default_value_t = 32, value_parser = clap::value_parser!(u16).range(1..))]
     pub api_concurrency: u16,
 }
@@ -214,7 +215,8 @@ pub async fn run(args: OperatorArgs) -> i32 {
     background.spawn(probe_redis(Arc::clone(&ctx)));
     background.spawn(memory::trim_periodically());
     background.spawn(wait_for_shutdown(Arc::clone(&ctx)));
-    let (controllers, stores) = controllers(&client, &scopes, &ctx);
+    let reconciles = reconciles_in_flight(args.api_concurrency);
+    let (controllers, stores) = controllers(&client, &scopes, &ctx, reconciles);
     background.spawn(mark_synced(Arc::clone(&ctx), stores));
     futures::future::join_all(controllers).await;
     hand_over(&ctx).await;
@@ -311,6 +313,14 @@ fn watch_jobs(
     caches
 }
 
+/// Reconciles one controller runs at once. A reconcile makes at most a couple of API writes
+/// and spawns its runs; any beyond what the client lets through at once would only wait for
+/// a request slot, holding their futures and their copy of the LockedJob's Jobs (at 1,000
+/// LockedJobs falling due in the same second, a thousand of them).
+fn reconciles_in_flight(api_concurrency: u16) -> u16 {
+    api_concurrency.saturating_mul(2)
+}
+
 type Reconciles = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
 
 /// A controller per scope, ending when shutdown is requested and its reconciles in flight
@@ -319,6 +329,7 @@ fn controllers(
     client: &Client,
     scopes: &[Option<String>],
     ctx: &Arc<Context>,
+    concurrency: u16,
 ) -> (Vec<Reconciles>, Vec<Store<LockedJob>>) {
     let mut stores = Vec::new();
     let mut controllers = Vec::new();
@@ -335,10 +346,12 @@ fn controllers(
         .modify(|lj| lj.metadata.managed_fields = None)
         .reflect(writer)
         .applied_objects();
-        let controller = Controller::for_stream(lockedjobs, store).owns(
-            scoped_api::<Job>(client, scope),
-            watcher::Config::default().labels(jobs::LABEL_LOCKED_JOB),
-        );
+        let controller = Controller::for_stream(lockedjobs, store)
+            .owns(
+                scoped_api::<Job>(client, scope),
+                watcher::Config::default().labels(jobs::LABEL_LOCKED_JOB),
+            )
+            .with_config(controller::Config::default().concurrency(concurrency));
         stores.push(controller.store());
         let shutdown = ctx.shutdown.clone();
         let reconciles = controller

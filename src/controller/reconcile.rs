@@ -113,7 +113,7 @@ async fn act(
         let run = run::start(
             Arc::clone(ctx),
             Arc::clone(lj),
-            plan.valid.clone(),
+            Arc::clone(&plan.valid),
             scheduled,
             kind,
         );
@@ -204,7 +204,7 @@ fn check_orphans(
         let check = run::check_orphan(
             Arc::clone(ctx),
             Arc::clone(lj),
-            plan.valid.clone(),
+            Arc::clone(&plan.valid),
             candidate,
         );
         ctx.tasks.spawn(check);

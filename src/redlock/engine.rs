@@ -621,6 +621,27 @@ impl Redlock {
         Some((value?, Duration::from_millis(pttl.max(0) as u64)))
     }
 
+    /// Whether one node (`which`, modulo the node count) records `step`, or a later one, as
+    /// started in the progress register of `register`. One request, for a hint: a node's
+    /// register is raised only by a holder that won the lock to start that step (phase 2), and
+    /// an attempt for `step` takes the largest register it sees, so with `true` the full
+    /// attempt would come back `StepDone` or contended by that holder too. `false` (below,
+    /// absent, no answer) proves nothing.
+    pub async fn step_started_on_node(&self, register: &str, step: u64, which: usize) -> bool {
+        let count = self.inner.nodes.len();
+        let skip: Vec<bool> = (0..count).map(|i| i != which % count.max(1)).collect();
+        let mut invocation = scripts::GET.prepare_invoke();
+        invocation.key(self.progress_key(register));
+        let round = self
+            .round_except::<Option<String>>("step_hint", &invocation, None, &skip)
+            .await;
+        round
+            .replies
+            .into_iter()
+            .filter_map(|(_, value)| value?.parse::<u64>().ok())
+            .any(|started| started >= step)
+    }
+
     /// Every node's view of `name`: value, TTL, fence and progress registers, or why the node
     /// did not answer (`lockedjob status`). Reads only.
     pub async fn inspect(&self, name: &str) -> LockView {

@@ -40,7 +40,7 @@ impl Candidate {
 pub async fn check_orphan(
     ctx: Arc<Context>,
     lj: Arc<LockedJob>,
-    valid: ValidSpec,
+    valid: Arc<ValidSpec>,
     candidate: Candidate,
 ) {
     let namespace = lj.namespace().unwrap_or_default();
@@ -74,29 +74,37 @@ pub async fn check_orphan(
 
 /// A hint, from one node (a random one each time): if it still stores the lock value the Job
 /// was created with, the Job's holder renewed within a TTL and is alive. That is the usual
-/// answer, and it costs one request instead of one per node; anything else (another value,
-/// none, no answer) goes on to the quorum read, which alone may lead to a delete or an
-/// acquisition. The holder cannot be gone before that node lets the value expire, so the next
-/// check waits for that (at most a TTL): a check exactly when the lease would have run out,
-/// instead of one every renew interval.
+/// answer, and it costs one request instead of one per node. A value of another runner of this
+/// cluster (one that adopted the Job, or the next run's holder while this replica's cache still
+/// shows the Job running) ends the check too: the quorum read would leave the Job to that runner
+/// as well. Anything else (another cluster's value, none, no answer) goes on to the quorum
+/// read, which alone may lead to a delete or an acquisition. Nobody can take the lock before
+/// that node lets the value expire, so the next check waits for that (at most a TTL): a check
+/// when the lease could have run out, instead of one every renew interval.
 async fn holder_alive(
     ctx: &Context,
     valid: &ValidSpec,
     job: &JobKey,
     lock_value: Option<&str>,
 ) -> bool {
-    let Some(value) = lock_value else {
-        return false;
-    };
     let node = rand::random::<u32>() as usize;
     match ctx.engine.value_on_node(&valid.lock_name, node).await {
-        Some((stored, left)) if stored == value => {
+        Some((stored, left)) if held_here(&stored, lock_value, &ctx.cluster_id) => {
             let wait = left.min(valid.timing.ttl);
             ctx.runs.defer_orphan_check(job, Instant::now() + wait);
             true
         }
         _ => false,
     }
+}
+
+/// Whether a lock value a node stores is the Job's own (`job_value`) or another of this
+/// cluster's runners' (`{cluster}/{runner}/{random}`).
+fn held_here(stored: &str, job_value: Option<&str>, cluster_id: &str) -> bool {
+    job_value == Some(stored)
+        || stored
+            .strip_prefix(cluster_id)
+            .is_some_and(|rest| rest.starts_with('/'))
 }
 
 /// The quorum's word on the lock: leave the Job to a holder of this cluster, delete it for
@@ -149,6 +157,47 @@ async fn try_adopt(
             );
             events::publish(ctx, lj, Reason::Adopted, note);
             Some(lease)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::held_here;
+
+    #[test]
+    fn a_value_of_this_clusters_runners_ends_the_check_another_clusters_does_not() {
+        let job = Some("east/r1/aaaa");
+        let table = [
+            ("east/r1/aaaa", job, true, "the Job's own value"),
+            (
+                "east/r2/bbbb",
+                job,
+                true,
+                "another replica of this cluster (adopted)",
+            ),
+            (
+                "east/r1/cccc",
+                None,
+                true,
+                "a Job without a value, a runner of this cluster",
+            ),
+            (
+                "west/r1/aaaa",
+                job,
+                false,
+                "another cluster: the quorum decides",
+            ),
+            (
+                "eastern/r1/aaaa",
+                job,
+                false,
+                "a cluster whose id only starts alike",
+            ),
+            ("east", job, false, "not a value"),
+        ];
+        for (stored, job_value, expected, what) in table {
+            assert_eq!(held_here(stored, job_value, "east"), expected, "{what}");
         }
     }
 }

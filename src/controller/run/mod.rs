@@ -86,7 +86,7 @@ impl RunKind {
 pub async fn start(
     ctx: Arc<Context>,
     lj: Arc<LockedJob>,
-    valid: ValidSpec,
+    valid: Arc<ValidSpec>,
     scheduled: Timestamp,
     kind: RunKind,
 ) {
@@ -131,6 +131,14 @@ pub async fn start(
                 settled.set(key, Instant::now() + ttl);
                 return;
             }
+            // Not in the cache (yet: under load the winner's create and this replica's watch
+            // take seconds). One node's progress register is the next cheapest word: if it
+            // has this time, a winner started it, and the full attempt would only lose.
+            if started_elsewhere(&ctx, &valid, &kind, scheduled).await {
+                tracing::debug!("a node records this time as started: not trying for the lock");
+                settled.set(key, Instant::now() + ttl);
+                return;
+            }
         }
         // Boxed, as the supervision below, and only once this task has a lock-attempt slot:
         // the tasks waiting out HEAD_START or for a slot (most of a minute's tasks at the top
@@ -171,6 +179,26 @@ pub async fn start(
         // overload (nodes timing out) immediate retries from every replica feed the overload.
         Err(NotStarted::Failed) => settled.set(key, Instant::now() + jittered(FAILED_PAUSE)),
     }
+}
+
+/// Whether one node (a random one) records `scheduled` as started in the register this kind of
+/// run steps (the schedule's or a backfill's): one request instead of a lock attempt of one
+/// per node (and the releases of a split one), for the replicas that held back and lost.
+/// A manual run has no step.
+async fn started_elsewhere(
+    ctx: &Context,
+    valid: &ValidSpec,
+    kind: &RunKind,
+    scheduled: Timestamp,
+) -> bool {
+    let register = match kind {
+        RunKind::Scheduled { .. } => valid.lock_name.clone(),
+        RunKind::Backfill(range) => range.register(&valid.lock_name),
+        RunKind::Manual => return false,
+    };
+    let step = scheduled.as_millisecond().max(0) as u64;
+    let node = rand::random::<u32>() as usize;
+    ctx.engine.step_started_on_node(&register, step, node).await
 }
 
 /// How long a scheduled time that ran (here or elsewhere) is not tried again by this replica.
