@@ -148,10 +148,7 @@ async fn act(
         };
         spawn_run(*scheduled, kind);
     }
-    let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), namespace);
-    for doomed in &plan.delete {
-        let _ = Box::pin(jobs.delete(doomed, &DeleteParams::background())).await;
-    }
+    delete_history(ctx, namespace, &plan.delete);
     if let Some(status) = plan.status {
         if let Some(wait) = status.defer {
             // The run's own status patch usually writes this change first; look again after.
@@ -209,6 +206,35 @@ fn check_orphans(
         );
         ctx.tasks.spawn(check);
     }
+}
+
+/// Deletes finished Jobs beyond the history limits in a task of their own: a reconcile waiting
+/// on them would hold one of the controller's reconcile slots, and under load the next
+/// LockedJobs' runs queued behind them. A Job already asked for recently is left alone
+/// (`Runs::delete_due`); a failed delete is tried again by a later reconcile.
+fn delete_history(ctx: &Arc<Context>, namespace: &str, doomed: &[String]) {
+    let now = Instant::now();
+    let due: Vec<String> = doomed
+        .iter()
+        .filter(|name| {
+            ctx.runs
+                .delete_due(&(namespace.to_string(), name.to_string()), now)
+        })
+        .cloned()
+        .collect();
+    if due.is_empty() {
+        return;
+    }
+    let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), namespace);
+    let deletes = async move {
+        for name in due {
+            if let Err(error) = jobs.delete(&name, &DeleteParams::background()).await {
+                tracing::debug!(job = %name, %error, "history Job not deleted; a later reconcile tries again");
+            }
+        }
+    };
+    ctx.tasks
+        .spawn(deletes.instrument(tracing::Span::current()));
 }
 
 /// Merge-patches the status; with `guarded`, only over the version this reconcile saw.

@@ -22,7 +22,16 @@ pub struct Runs {
     pub settled: Cooldowns<RunKey>,
     /// Unsupervised Jobs not to check for a dead holder again before an instant.
     orphan_checks: Cooldowns<JobKey>,
+    /// Finished Jobs this replica asked the API server to delete, not to ask again before an
+    /// instant.
+    deletes: Cooldowns<JobKey>,
 }
+
+/// How long a replica waits before it deletes the same history Job again: until then its
+/// cache may still show a Job the API server already removed (the watch lags under load, and
+/// every Job event reconciles the LockedJob again; at 1,000 LockedJobs that made 2.2 DELETEs
+/// a run), and a delete that failed is tried again after this.
+pub const DELETE_PAUSE: Duration = Duration::from_secs(30);
 
 /// A key taken in one of the registry's sets until this is dropped.
 pub struct Claim<'a, K: Eq + Hash> {
@@ -76,11 +85,13 @@ impl Runs {
     /// enough for its holder's lock to have expired), then at most once per `interval` (the
     /// renew interval), or later when [`Runs::defer_orphan_check`] says so.
     pub fn orphan_check_due(&self, key: &JobKey, now: Instant, interval: Duration) -> bool {
-        if self.orphan_checks.holds(key, now, 0) {
-            return false;
-        }
-        self.orphan_checks.set(key.clone(), now + interval);
-        true
+        self.orphan_checks.take(key, now, now + interval)
+    }
+
+    /// Whether this replica should delete the finished Job now, and if so records it: not
+    /// again within [`DELETE_PAUSE`].
+    pub fn delete_due(&self, key: &JobKey, now: Instant) -> bool {
+        self.deletes.take(key, now, now + DELETE_PAUSE)
     }
 
     /// No check of the Job before `until`: its holder's value outlives it on a node, so the
@@ -121,6 +132,18 @@ impl<K: Eq + std::hash::Hash> Cooldowns<K> {
         if let Ok(mut entries) = self.entries.lock() {
             entries.until.insert(key, (until, None));
         }
+    }
+
+    /// Whether `key` is free at `now`; if so, it cools down until `until` from here on.
+    pub fn take(&self, key: &K, now: Instant, until: Instant) -> bool
+    where
+        K: Clone,
+    {
+        if self.holds(key, now, 0) {
+            return false;
+        }
+        self.set(key.clone(), until);
+        true
     }
 
     /// Like [`Cooldowns::set`], but ends early once the tag passed to `holds` differs from
@@ -239,6 +262,37 @@ mod tests {
         ];
         for (s, tag, holds, what) in table {
             assert_eq!(cooldowns.holds(&"a", at(s), tag), holds, "{what}");
+        }
+    }
+
+    #[test]
+    fn a_history_job_is_deleted_again_only_after_the_pause() {
+        let runs = Runs::default();
+        let a = ("ns".to_string(), "job-a".to_string());
+        let b = ("ns".to_string(), "job-b".to_string());
+        let t0 = Instant::now();
+        let pause = DELETE_PAUSE.as_secs();
+        let table = [
+            (&a, 0, true, "a first: deleted"),
+            (&a, 1, false, "a still in a lagging cache: not again"),
+            (&b, 1, true, "b independently of a"),
+            (&a, pause - 1, false, "a within the pause"),
+            (
+                &a,
+                pause,
+                true,
+                "a after the pause (the last delete may have failed)",
+            ),
+            (
+                &a,
+                pause + 1,
+                false,
+                "the pause counts from the last delete",
+            ),
+        ];
+        for (key, at, due, what) in table {
+            let now = t0 + Duration::from_secs(at);
+            assert_eq!(runs.delete_due(key, now), due, "{what}");
         }
     }
 
