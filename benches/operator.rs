@@ -7,7 +7,8 @@
 //! Per side it reports schedule lag (the bench's own watch on Jobs: time seen minus the
 //! scheduled time the Job carries), runs missed and doubled, API requests per run by client (the
 //! API server's audit log, grouped by user agent), CPU seconds per run and peak RSS (`/proc`), and
-//! for LockedJobs Redis requests per run (the replicas' `lockedjob_redis_requests_total`).
+//! for LockedJobs Redis requests per run (the replicas' `lockedjob_redis_requests_total`) and
+//! lock attempts per run by outcome (`lockedjob_lock_acquisitions_total`: won, lost, failed).
 //!
 //! `cargo bench --bench operator`: N = 200 and 1,000 (`BENCH_N=200,1000`), one warm-up minute,
 //! then 3 measured minutes (`BENCH_MINUTES`). `BENCH_LOG_DIR=dir` keeps each replica's
