@@ -134,8 +134,13 @@ pub async fn start(
             // Not in the cache (yet: under load the winner's create and this replica's watch
             // take seconds). One node's progress register is the next cheapest word: if it
             // has this time, a winner started it, and the full attempt would only lose.
-            if started_elsewhere(&ctx, &valid, &kind, scheduled).await {
-                tracing::debug!("a node records this time as started: not trying for the lock");
+            if started_elsewhere(&ctx, &valid, &kind, scheduled)
+                .instrument(span.clone())
+                .await
+            {
+                span.in_scope(|| {
+                    tracing::debug!("a node records this time as started: not trying for the lock")
+                });
                 settled.set(key, Instant::now() + ttl);
                 return;
             }
