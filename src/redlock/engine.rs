@@ -610,14 +610,11 @@ impl Redlock {
     /// has seen it renewed within a TTL, but one node is no quorum, so nothing that needs the
     /// truth may rest on it.
     pub async fn value_on_node(&self, name: &str, which: usize) -> Option<(String, Duration)> {
-        let count = self.inner.nodes.len();
-        let skip: Vec<bool> = (0..count).map(|i| i != which % count.max(1)).collect();
         let mut invocation = scripts::HINT.prepare_invoke();
         invocation.key(self.lock_key(name));
-        let round = self
-            .round_except::<(Option<String>, i64)>("hint", &invocation, None, &skip)
-            .await;
-        let (_, (value, pttl)) = round.replies.into_iter().next()?;
+        let (value, pttl) = self
+            .on_node::<(Option<String>, i64)>("hint", &invocation, which)
+            .await?;
         Some((value?, Duration::from_millis(pttl.max(0) as u64)))
     }
 
@@ -628,18 +625,27 @@ impl Redlock {
     /// attempt would come back `StepDone` or contended by that holder too. `false` (below,
     /// absent, no answer) proves nothing.
     pub async fn step_started_on_node(&self, register: &str, step: u64, which: usize) -> bool {
-        let count = self.inner.nodes.len();
-        let skip: Vec<bool> = (0..count).map(|i| i != which % count.max(1)).collect();
         let mut invocation = scripts::GET.prepare_invoke();
         invocation.key(self.progress_key(register));
-        let round = self
-            .round_except::<Option<String>>("step_hint", &invocation, None, &skip)
-            .await;
-        round
-            .replies
-            .into_iter()
-            .filter_map(|(_, value)| value?.parse::<u64>().ok())
-            .any(|started| started >= step)
+        self.on_node::<Option<String>>("step_hint", &invocation, which)
+            .await
+            .flatten()
+            .and_then(|value| value.parse::<u64>().ok())
+            .is_some_and(|started| started >= step)
+    }
+
+    /// Sends one invocation to one node (`which`, modulo the node count), bounded like every
+    /// round: its reply, or `None` when it did not answer.
+    async fn on_node<T: FromRedisValue + Send>(
+        &self,
+        op: &'static str,
+        request: &redis::ScriptInvocation<'_>,
+        which: usize,
+    ) -> Option<T> {
+        let count = self.inner.nodes.len();
+        let skip: Vec<bool> = (0..count).map(|i| i != which % count.max(1)).collect();
+        let round = self.round_except::<T>(op, request, None, &skip).await;
+        round.replies.into_iter().next().map(|(_, reply)| reply)
     }
 
     /// Every node's view of `name`: value, TTL, fence and progress registers, or why the node

@@ -3,7 +3,7 @@
 
 use super::super::decide::backfill_status;
 use super::report::patch_status;
-use super::{NotStarted, RunKind};
+use super::{step_of, NotStarted, RunKind};
 use crate::api::{BackfillPhase, LockedJob, ValidSpec};
 use crate::redlock::{Lease, LockError};
 use jiff::Timestamp;
@@ -25,18 +25,15 @@ pub(super) async fn acquire(
     kind: &RunKind,
     attempt: SemaphorePermit<'_>,
 ) -> Result<Lease, NotStarted> {
-    let scheduled_ms = scheduled.as_millisecond().max(0) as u64;
     let acquired = {
         // Held for the attempt only, not for the run.
         let _attempt = attempt;
         let (lock, ttl) = (&valid.lock_name, valid.timing.ttl);
-        match kind {
-            RunKind::Manual => ctx.engine.try_acquire(lock, ttl).await,
-            RunKind::Scheduled { .. } => ctx.engine.try_acquire_step(lock, ttl, scheduled_ms).await,
-            RunKind::Backfill(range) => {
-                let register = range.register(lock);
+        match kind.step_register(lock) {
+            None => ctx.engine.try_acquire(lock, ttl).await,
+            Some(register) => {
                 ctx.engine
-                    .try_acquire_step_in(lock, ttl, &register, scheduled_ms)
+                    .try_acquire_step_in(lock, ttl, &register, step_of(scheduled))
                     .await
             }
         }
@@ -56,11 +53,10 @@ async fn not_started(
     kind: &RunKind,
     error: LockError,
 ) -> NotStarted {
-    let scheduled_ms = scheduled.as_millisecond().max(0) as u64;
     let manual = matches!(kind, RunKind::Manual);
     match error {
         LockError::Contended { progress, .. } | LockError::SplitVote { progress, .. }
-            if progress >= scheduled_ms && !manual =>
+            if progress >= step_of(scheduled) && !manual =>
         {
             tracing::debug!("another runner holds the lock and runs this time");
             NotStarted::RunningElsewhere

@@ -101,10 +101,15 @@ async fn holder_alive(
 /// Whether a lock value a node stores is the Job's own (`job_value`) or another of this
 /// cluster's runners' (`{cluster}/{runner}/{random}`).
 fn held_here(stored: &str, job_value: Option<&str>, cluster_id: &str) -> bool {
-    job_value == Some(stored)
-        || stored
-            .strip_prefix(cluster_id)
-            .is_some_and(|rest| rest.starts_with('/'))
+    job_value == Some(stored) || of_cluster(stored, cluster_id)
+}
+
+/// Whether a holder (`{cluster}/{runner}`) or a lock value (`{holder}/{random}`) belongs to a
+/// runner of `cluster_id`.
+fn of_cluster(holder_or_value: &str, cluster_id: &str) -> bool {
+    holder_or_value
+        .strip_prefix(cluster_id)
+        .is_some_and(|rest| rest.starts_with('/'))
 }
 
 /// The quorum's word on the lock: leave the Job to a holder of this cluster, delete it for
@@ -116,9 +121,8 @@ async fn try_adopt(
     job_name: &str,
 ) -> Option<Lease> {
     let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), &lj.namespace().unwrap_or_default());
-    let ours = format!("{}/", ctx.cluster_id);
     match ctx.engine.current_holder(&valid.lock_name).await {
-        Some(holder) if holder.starts_with(&ours) => None,
+        Some(holder) if of_cluster(&holder, &ctx.cluster_id) => None,
         Some(holder) => {
             tracing::warn!(%holder, "another cluster holds the lock: deleting this cluster's orphaned Job");
             bounded(

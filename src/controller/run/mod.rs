@@ -18,6 +18,7 @@ use crate::api::{LockedJob, ValidSpec};
 use crate::schedule::BackfillRange;
 use jiff::Timestamp;
 use kube::ResourceExt;
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use supervise::{supervise, HeldRun};
@@ -67,6 +68,17 @@ impl RunKind {
             RunKind::Scheduled { .. } => Origin::Schedule,
             RunKind::Manual => Origin::Manual,
             RunKind::Backfill(_) => Origin::Backfill,
+        }
+    }
+
+    /// The progress register this run steps under the lock `lock`: the lock's own for a
+    /// scheduled time, the backfill's own for a backfill time; none for a manual run, which
+    /// takes the lock without a step.
+    pub fn step_register<'a>(&self, lock: &'a str) -> Option<Cow<'a, str>> {
+        match self {
+            RunKind::Scheduled { .. } => Some(Cow::Borrowed(lock)),
+            RunKind::Backfill(range) => Some(Cow::Owned(range.register(lock))),
+            RunKind::Manual => None,
         }
     }
 
@@ -196,14 +208,18 @@ async fn started_elsewhere(
     kind: &RunKind,
     scheduled: Timestamp,
 ) -> bool {
-    let register = match kind {
-        RunKind::Scheduled { .. } => valid.lock_name.clone(),
-        RunKind::Backfill(range) => range.register(&valid.lock_name),
-        RunKind::Manual => return false,
+    let Some(register) = kind.step_register(&valid.lock_name) else {
+        return false;
     };
-    let step = scheduled.as_millisecond().max(0) as u64;
     let node = rand::random::<u32>() as usize;
-    ctx.engine.step_started_on_node(&register, step, node).await
+    ctx.engine
+        .step_started_on_node(&register, step_of(scheduled), node)
+        .await
+}
+
+/// A scheduled time as the lock's progress step: unix milliseconds (none before 1970).
+fn step_of(scheduled: Timestamp) -> u64 {
+    scheduled.as_millisecond().max(0) as u64
 }
 
 /// How long a scheduled time that ran (here or elsewhere) is not tried again by this replica.
