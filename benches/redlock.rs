@@ -156,17 +156,28 @@ fn ms(d: Duration) -> String {
     format!("{:.3}", d.as_secs_f64() * 1000.0)
 }
 
-/// `BENCH_ONLY=lockedjob|rslock`: that variant alone, 64 tasks on 5 nodes, for a profiler:
+/// `BENCH_ONLY=lockedjob|rslock`: that variant alone, 64 tasks (`BENCH_TASKS`) on 5 nodes
+/// (`BENCH_NODES`), for a profiler:
 /// `BENCH_ONLY=lockedjob BENCH_OPS=40000 perf record -g target/release/deps/redlock-* --bench`.
 async fn profile_one(variant: &str, ops: usize) {
-    let nodes = RedisNodes::start(5, Persistence::None).expect("start redis-server");
+    let setting = |name: &str, default: usize| {
+        std::env::var(name)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(default)
+    };
+    let (count, tasks) = (
+        setting("BENCH_NODES", 5),
+        setting("BENCH_TASKS", CONCURRENCY),
+    );
+    let nodes = RedisNodes::start(count, Persistence::None).expect("start redis-server");
     let stats = match variant {
-        "lockedjob" => bench_engine(nodes.urls(), false, CONCURRENCY, ops).await,
-        "rslock" => bench_rslock(nodes.urls(), CONCURRENCY, ops).await,
+        "lockedjob" => bench_engine(nodes.urls(), false, tasks, ops).await,
+        "rslock" => bench_rslock(nodes.urls(), tasks, ops).await,
         other => panic!("BENCH_ONLY={other}: use lockedjob or rslock"),
     };
     println!(
-        "{variant}: 5 nodes, {CONCURRENCY} tasks, {ops} ops: p50 {} ms, {:.0} ops/s",
+        "{variant}: {count} nodes, {tasks} tasks, {ops} ops: p50 {} ms, {:.0} ops/s",
         ms(stats.p50),
         stats.ops_per_sec
     );
