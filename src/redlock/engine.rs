@@ -263,7 +263,7 @@ impl Redlock {
                 >= self.inner.quorum
         };
         let phase1 = self
-            .round_until::<Grant>("acquire", &grant, &[], settled)
+            .round_until::<Grant>("acquire", &grant, settled)
             .await;
         let mut failures = phase1.failures;
         let mut held = 0;
@@ -734,16 +734,15 @@ impl Redlock {
         self.round_within(op, request, limit, skip, None).await
     }
 
-    /// [`round_except`](Self::round_except) that stops waiting once the replies so far are
-    /// `enough`; nodes yet to answer are then in neither list.
+    /// [`round`](Self::round) that stops waiting once the replies so far are `enough`; nodes
+    /// yet to answer are then in neither list.
     async fn round_until<T: FromRedisValue + Send>(
         &self,
         op: &'static str,
         request: &Arc<Call>,
-        skip: &[bool],
         enough: impl Fn(&[(usize, T)]) -> bool + Sync,
     ) -> Round<T> {
-        self.round_within(op, request, None, skip, Some(&enough))
+        self.round_within(op, request, None, &[], Some(&enough))
             .await
     }
 

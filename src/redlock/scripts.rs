@@ -371,31 +371,31 @@ mod tests {
 
     #[test]
     fn a_denial_inside_the_batch_names_the_command_and_the_op() {
-        let line = BATCH_LUA
-            .lines()
-            .position(|line| line.contains("redis.call('PEXPIRE'"))
-            .expect("extend's PEXPIRE is in the batch")
-            + 1;
-        let message = format!(
-            "NOPERM The user executing the script can't run this command or subcommand script: {}, on @user_script:{line}.",
-            BATCH.get_hash()
-        );
-        assert_eq!(
-            denied_call(&message).as_deref(),
-            Some("NOPERM the user may not run PEXPIRE (called by the extend script)")
-        );
-        let line = RELEASE_LUA
-            .lines()
-            .position(|line| line.contains("redis.call('DEL'"))
-            .expect("release deletes")
-            + 1;
-        let message = format!(
-            "ERR The user executing the script can't run this command or subcommand script: {}, on @user_script:{line}.",
-            Op::Release.script().get_hash()
-        );
-        assert_eq!(
-            denied_call(&message).as_deref(),
-            Some("NOPERM the user may not run DEL (called by the release script)")
-        );
+        // (script source, its SHA, the denied call, what the message must say)
+        let table = [
+            (
+                BATCH_LUA.as_str(),
+                BATCH.get_hash(),
+                "redis.call('PEXPIRE'",
+                "NOPERM the user may not run PEXPIRE (called by the extend script)",
+            ),
+            (
+                RELEASE_LUA,
+                Op::Release.script().get_hash(),
+                "redis.call('DEL'",
+                "NOPERM the user may not run DEL (called by the release script)",
+            ),
+        ];
+        for (source, sha, call, expected) in table {
+            let line = source
+                .lines()
+                .position(|line| line.contains(call))
+                .expect("the call is in the script")
+                + 1;
+            let message = format!(
+                "ERR The user executing the script can't run this command or subcommand script: {sha}, on @user_script:{line}."
+            );
+            assert_eq!(denied_call(&message).as_deref(), Some(expected), "{call}");
+        }
     }
 }
