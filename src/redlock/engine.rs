@@ -262,9 +262,7 @@ impl Redlock {
                 .count()
                 >= self.inner.quorum
         };
-        let phase1 = self
-            .round_until::<Grant>("acquire", &grant, settled)
-            .await;
+        let phase1 = self.round_until::<Grant>("acquire", &grant, settled).await;
         let mut failures = phase1.failures;
         let mut held = 0;
         let mut granted = 0;
