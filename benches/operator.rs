@@ -241,21 +241,6 @@ fn counters(bodies: &[String], family: &str) -> BTreeMap<String, f64> {
     out
 }
 
-/// An unlabelled counter of the replicas, summed.
-fn counter(bodies: &[String], family: &str) -> f64 {
-    bodies
-        .iter()
-        .flat_map(|body| body.lines())
-        .filter_map(|line| {
-            line.strip_prefix(family)?
-                .strip_prefix(' ')?
-                .trim()
-                .parse::<f64>()
-                .ok()
-        })
-        .sum()
-}
-
 /// Who sent an audited request. kube-controller-manager appends the controller's name to its
 /// user agent; the operator's replicas name themselves `lockedjob-operator/...`.
 fn client_of(user_agent: &str) -> &'static str {
@@ -381,8 +366,6 @@ struct Snapshot {
     redis: BTreeMap<String, f64>,
     /// `lockedjob_lock_acquisitions_total` by outcome: scheduled runs, adoptions, retries.
     attempts: BTreeMap<String, f64>,
-    /// `lockedjob_redis_scripts_total`: script calls sent, a batch counted once.
-    scripts: f64,
 }
 
 fn snapshot(replicas: &[Replica], kcm: Option<u32>) -> Snapshot {
@@ -392,7 +375,6 @@ fn snapshot(replicas: &[Replica], kcm: Option<u32>) -> Snapshot {
         kcm_cpu: kcm.map(cpu_seconds).unwrap_or(f64::NAN),
         redis: counters(&bodies, "lockedjob_redis_requests_total"),
         attempts: counters(&bodies, "lockedjob_lock_acquisitions_total"),
-        scripts: counter(&bodies, "lockedjob_redis_scripts_total"),
     }
 }
 
@@ -567,10 +549,6 @@ async fn bench(n: usize, minutes: i64, warm_up: bool) {
         "| Redis requests per run (lock traffic, all replicas) | {:.1} | – | ≤ {} (4 × nodes) |",
         per(redis(&LOCK_OPS), locked.runs),
         4 * NODES
-    );
-    println!(
-        "| Redis script calls per run (what the nodes execute: a batch is one; probes included) | {:.1} | – | |",
-        per(after.scripts - before.scripts, locked.runs)
     );
     println!(
         "| CPU seconds per run | {:.4} (3 replicas) | {:.4} (whole kcm: every controller, the Job controller for both sides too) | |",

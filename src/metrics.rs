@@ -65,7 +65,6 @@ struct Families {
     reconcile_seconds: Histogram,
     reconcile_errors: Family<KindLabel, Counter>,
     redis_requests: Family<OpLabel, Counter>,
-    redis_scripts: Counter,
     acquisitions: Family<OutcomeLabel, Counter>,
     acquire_seconds: Histogram,
     renewals: Family<ResultLabel, Counter>,
@@ -97,12 +96,6 @@ fn families() -> Families {
         "redis_requests",
         "Requests sent to Redis nodes (one per node per round), by what they were for",
         redis_requests.clone(),
-    );
-    let redis_scripts = Counter::default();
-    registry.register(
-        "redis_scripts",
-        "Script calls sent to Redis nodes: one per request on an idle node, one per batch of the requests that queued meanwhile under load",
-        redis_scripts.clone(),
     );
     let acquisitions = Family::<OutcomeLabel, Counter>::default();
     registry.register(
@@ -150,7 +143,6 @@ fn families() -> Families {
         reconcile_seconds,
         reconcile_errors,
         redis_requests,
-        redis_scripts,
         acquisitions,
         acquire_seconds,
         renewals,
@@ -213,11 +205,6 @@ impl Metrics {
             .redis_requests
             .get_or_create(&OpLabel { op: op.to_string() })
             .inc_by(nodes as u64);
-    }
-
-    /// One script call sent to a node, carrying one request or a batch.
-    pub fn record_redis_script(&self) {
-        self.inner.redis_scripts.inc();
     }
 
     pub fn set_nodes_reachable(&self, nodes: usize) {

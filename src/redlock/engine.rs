@@ -6,11 +6,10 @@ use super::error::{Failures, LockError, NodeErrorKind, NodeFailure};
 use super::inspect::{LockView, NodeView};
 use super::lease::{holder_of, most_common, Lease};
 use super::node::Node;
-use super::scripts::{Call, Op};
+use super::scripts;
 use super::timing::{backoff, drift_allowance, may_hold_quorum, quorum, validity};
 use crate::metrics::{Metrics, Outcome};
 use futures::future::join_all;
-use futures::stream::{FuturesUnordered, StreamExt};
 use redis::FromRedisValue;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -46,9 +45,6 @@ fn lock_seen(
     seen.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// Whether a round's replies so far settle it.
-type Enough<'a, T> = dyn Fn(&[(usize, T)]) -> bool + Sync + 'a;
-
 /// What each node said in one round.
 struct Round<T> {
     replies: Vec<(usize, T)>,
@@ -69,15 +65,11 @@ impl Redlock {
             .into_iter()
             .map(|node| {
                 let label = node.label.clone();
-                Node::new(
-                    node,
-                    config.request_timeout,
-                    config.connect_timeout,
-                    metrics.clone(),
-                )
-                .map_err(|e| ConfigError::BadUrl {
-                    url: label,
-                    reason: e.to_string(),
+                Node::new(node, config.request_timeout, config.connect_timeout).map_err(|e| {
+                    ConfigError::BadUrl {
+                        url: label,
+                        reason: e.to_string(),
+                    }
                 })
             })
             .collect::<Result<Vec<_>, _>>()?;
@@ -246,23 +238,15 @@ impl Redlock {
         // proposal, raise the fence to it. A proposal raised from below on a quorum is the
         // token, in one round (docs/design.md, "Acquire").
         let proposal = self.proposal(name);
-        let mut grant = Call::new(Op::Acquire).key(&lock_key).key(&fence_key);
+        let mut grant = scripts::ACQUIRE.prepare_invoke();
+        grant.key(&lock_key).key(&fence_key);
         if let Some((progress_key, _)) = &progress {
-            grant = grant.key(progress_key);
+            grant.key(progress_key);
         }
-        let grant = Arc::new(grant.arg(&value).arg(ttl_ms).arg(proposal));
-        // Done as soon as a quorum granted and raised: the token is settled, and the nodes
-        // still to answer only add latency. They count as not refused, so a lock that lands
-        // there is released with the lease.
-        type Grant = (i64, Option<u64>, Option<u64>, i64, Option<String>);
-        let settled = |replies: &[(usize, Grant)]| {
-            replies
-                .iter()
-                .filter(|(_, (set, _, _, raised, _))| *set == 1 && *raised == 1)
-                .count()
-                >= self.inner.quorum
-        };
-        let phase1 = self.round_until::<Grant>("acquire", &grant, settled).await;
+        grant.arg(&value).arg(ttl_ms).arg(proposal);
+        let phase1 = self
+            .round::<(i64, Option<u64>, Option<u64>, i64, Option<String>)>("acquire", &grant, None)
+            .await;
         let mut failures = phase1.failures;
         let mut held = 0;
         let mut granted = 0;
@@ -411,11 +395,11 @@ impl Redlock {
         let mut rounds = 0;
         loop {
             rounds += 1;
-            let mut raise = Call::new(Op::Fence).key(fence_key).arg(token);
+            let mut raise = scripts::FENCE.prepare_invoke();
+            raise.key(fence_key).arg(token);
             if let Some((progress_key, step)) = progress {
-                raise = raise.key(progress_key).arg(*step);
+                raise.key(progress_key).arg(*step);
             }
-            let raise = Arc::new(raise);
             let phase2 = self.round::<i64>("fence", &raise, None).await;
             let raised = phase2
                 .replies
@@ -450,7 +434,8 @@ impl Redlock {
         progress_key: &str,
         step: u64,
     ) -> Result<(), LockError> {
-        let raise = Arc::new(Call::new(Op::Progress).key(progress_key).arg(step));
+        let mut raise = scripts::PROGRESS.prepare_invoke();
+        raise.key(progress_key).arg(step);
         let round = self.round::<i64>("progress", &raise, None).await;
         if round.replies.len() < self.inner.quorum {
             return Err(self.no_quorum(name, round.replies.len(), round.failures));
@@ -505,12 +490,8 @@ impl Redlock {
         }
         let lock_key = self.lock_key(&lease.name);
         let ttl_ms = lease.ttl.as_millis().max(1) as u64;
-        let invocation = Arc::new(
-            Call::new(Op::Extend)
-                .key(&lock_key)
-                .arg(&lease.value)
-                .arg(ttl_ms),
-        );
+        let mut invocation = scripts::EXTEND.prepare_invoke();
+        invocation.key(&lock_key).arg(&lease.value).arg(ttl_ms);
         let round = self.round::<i64>("extend", &invocation, Some(left)).await;
         let mut failures = round.failures;
         let mut extended = 0;
@@ -592,7 +573,8 @@ impl Redlock {
         value: &str,
         skip: &[bool],
     ) -> (usize, Vec<NodeFailure>) {
-        let invocation = Arc::new(Call::new(Op::Release).key(lock_key).arg(value));
+        let mut invocation = scripts::RELEASE.prepare_invoke();
+        invocation.key(lock_key).arg(value);
         let round = self
             .round_except::<i64>("release", &invocation, None, skip)
             .await;
@@ -602,7 +584,7 @@ impl Redlock {
 
     /// How many nodes answer a trivial script now (readiness, degraded-mode reporting).
     pub async fn reachable_nodes(&self) -> usize {
-        let invocation = Arc::new(Call::new(Op::Ping));
+        let invocation = scripts::PING.prepare_invoke();
         let round = self.round::<i64>("probe", &invocation, None).await;
         self.inner.metrics.set_nodes_reachable(round.replies.len());
         round.replies.len()
@@ -612,7 +594,8 @@ impl Redlock {
     /// nodes store, or `None` when no value has a majority.
     pub async fn current_holder(&self, name: &str) -> Option<String> {
         let lock_key = self.lock_key(name);
-        let invocation = Arc::new(Call::new(Op::Get).key(&lock_key));
+        let mut invocation = scripts::GET.prepare_invoke();
+        invocation.key(&lock_key);
         let round = self
             .round::<Option<String>>("holder", &invocation, None)
             .await;
@@ -627,7 +610,8 @@ impl Redlock {
     /// has seen it renewed within a TTL, but one node is no quorum, so nothing that needs the
     /// truth may rest on it.
     pub async fn value_on_node(&self, name: &str, which: usize) -> Option<(String, Duration)> {
-        let invocation = Arc::new(Call::new(Op::Hint).key(self.lock_key(name)));
+        let mut invocation = scripts::HINT.prepare_invoke();
+        invocation.key(self.lock_key(name));
         let (value, pttl) = self
             .on_node::<(Option<String>, i64)>("hint", &invocation, which)
             .await?;
@@ -641,7 +625,8 @@ impl Redlock {
     /// attempt would come back `StepDone` or contended by that holder too. `false` (below,
     /// absent, no answer) proves nothing.
     pub async fn step_started_on_node(&self, register: &str, step: u64, which: usize) -> bool {
-        let invocation = Arc::new(Call::new(Op::Get).key(self.progress_key(register)));
+        let mut invocation = scripts::GET.prepare_invoke();
+        invocation.key(self.progress_key(register));
         self.on_node::<Option<String>>("step_hint", &invocation, which)
             .await
             .flatten()
@@ -654,7 +639,7 @@ impl Redlock {
     async fn on_node<T: FromRedisValue + Send>(
         &self,
         op: &'static str,
-        request: &Arc<Call>,
+        request: &redis::ScriptInvocation<'_>,
         which: usize,
     ) -> Option<T> {
         let count = self.inner.nodes.len();
@@ -666,12 +651,11 @@ impl Redlock {
     /// Every node's view of `name`: value, TTL, fence and progress registers, or why the node
     /// did not answer (`lockedjob status`). Reads only.
     pub async fn inspect(&self, name: &str) -> LockView {
-        let invocation = Arc::new(
-            Call::new(Op::Inspect)
-                .key(self.lock_key(name))
-                .key(self.fence_key(name))
-                .key(self.progress_key(name)),
-        );
+        let mut invocation = scripts::INSPECT.prepare_invoke();
+        invocation
+            .key(self.lock_key(name))
+            .key(self.fence_key(name))
+            .key(self.progress_key(name));
         type Reply = (Option<String>, i64, Option<String>, Option<String>);
         let round = self.round::<Reply>("inspect", &invocation, None).await;
         let register = |v: Option<String>| v.and_then(|v| v.parse::<u64>().ok());
@@ -715,7 +699,7 @@ impl Redlock {
     async fn round<T: FromRedisValue + Send>(
         &self,
         op: &'static str,
-        request: &Arc<Call>,
+        request: &redis::ScriptInvocation<'_>,
         limit: Option<Duration>,
     ) -> Round<T> {
         self.round_except(op, request, limit, &[]).await
@@ -725,32 +709,9 @@ impl Redlock {
     async fn round_except<T: FromRedisValue + Send>(
         &self,
         op: &'static str,
-        request: &Arc<Call>,
+        request: &redis::ScriptInvocation<'_>,
         limit: Option<Duration>,
         skip: &[bool],
-    ) -> Round<T> {
-        self.round_within(op, request, limit, skip, None).await
-    }
-
-    /// [`round`](Self::round) that stops waiting once the replies so far are `enough`; nodes
-    /// yet to answer are then in neither list.
-    async fn round_until<T: FromRedisValue + Send>(
-        &self,
-        op: &'static str,
-        request: &Arc<Call>,
-        enough: impl Fn(&[(usize, T)]) -> bool + Sync,
-    ) -> Round<T> {
-        self.round_within(op, request, None, &[], Some(&enough))
-            .await
-    }
-
-    async fn round_within<T: FromRedisValue + Send>(
-        &self,
-        op: &'static str,
-        request: &Arc<Call>,
-        limit: Option<Duration>,
-        skip: &[bool],
-        enough: Option<&Enough<'_, T>>,
     ) -> Round<T> {
         let limit = limit.unwrap_or(self.inner.config.request_timeout);
         let targets: Vec<(usize, &Node)> = self
@@ -761,46 +722,26 @@ impl Redlock {
             .filter(|(index, _)| !skip.get(*index).copied().unwrap_or(false))
             .collect();
         self.inner.metrics.record_redis_requests(op, targets.len());
+        let results: Vec<(usize, Result<T, NodeErrorKind>)> = if self.inner.parallel {
+            join_all(targets.iter().map(|(index, node)| async move {
+                (*index, node.run_within::<T>(request, limit).await)
+            }))
+            .await
+        } else {
+            let mut results = Vec::with_capacity(targets.len());
+            for (index, node) in &targets {
+                results.push((*index, node.run_within::<T>(request, limit).await));
+            }
+            results
+        };
         let mut round = Round {
-            replies: Vec::with_capacity(targets.len()),
+            replies: Vec::with_capacity(results.len()),
             failures: Vec::new(),
         };
-        let take =
-            |round: &mut Round<T>, index: usize, result: Result<T, NodeErrorKind>| match result {
+        for (index, result) in results {
+            match result {
                 Ok(value) => round.replies.push((index, value)),
                 Err(kind) => round.failures.push(self.failure(index, kind)),
-            };
-        match enough {
-            _ if !self.inner.parallel => {
-                // The baseline asks every node, one after the other.
-                for &(index, node) in &targets {
-                    let (index, result) = ask::<T>(index, node, request, limit).await;
-                    take(&mut round, index, result);
-                }
-            }
-            // join_all allocates once for the lot, FuturesUnordered once per node.
-            None => {
-                for (index, result) in join_all(
-                    targets
-                        .iter()
-                        .map(|&(index, node)| ask::<T>(index, node, request, limit)),
-                )
-                .await
-                {
-                    take(&mut round, index, result);
-                }
-            }
-            Some(enough) => {
-                let mut pending: FuturesUnordered<_> = targets
-                    .iter()
-                    .map(|&(index, node)| ask::<T>(index, node, request, limit))
-                    .collect();
-                while let Some((index, result)) = pending.next().await {
-                    take(&mut round, index, result);
-                    if enough(&round.replies) {
-                        break;
-                    }
-                }
             }
         }
         round
@@ -812,16 +753,6 @@ impl Redlock {
             kind,
         }
     }
-}
-
-/// One node's reply, by the node's index.
-async fn ask<T: FromRedisValue>(
-    index: usize,
-    node: &Node,
-    request: &Arc<Call>,
-    limit: Duration,
-) -> (usize, Result<T, NodeErrorKind>) {
-    (index, node.run_within::<T>(request, limit).await)
 }
 
 fn outcome_of(result: &Result<Lease, LockError>) -> Outcome {
