@@ -786,15 +786,65 @@ async fn keys_of_the_wrong_type_or_value_fail_the_attempt_instead_of_issuing_a_t
     engine.release(&lease).await;
 }
 
-/// Phase-2 (fallback) node requests an engine has made: `lockedjob_redis_requests_total{op="fence"}`.
-fn fence_requests(engine: &Redlock) -> u64 {
+/// Node requests of one kind an engine has made: `lockedjob_redis_requests_total{op}`.
+fn requests(engine: &Redlock, op: &str) -> u64 {
+    let series = format!("lockedjob_redis_requests_total{{op=\"{op}\"}}");
     engine
         .metrics()
         .render()
         .lines()
-        .find(|line| line.starts_with("lockedjob_redis_requests_total{op=\"fence\"}"))
+        .find(|line| line.starts_with(&series))
         .and_then(|line| line.rsplit(' ').next()?.parse().ok())
         .unwrap_or(0)
+}
+
+/// Phase-2 (fallback) node requests an engine has made.
+fn fence_requests(engine: &Redlock) -> u64 {
+    requests(engine, "fence")
+}
+
+/// Renewals waiting at the same time go to each node as one script call, and each lease still
+/// gets its own answer: a lease whose keys are gone fails alone, and nothing re-creates them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewals_share_a_round_and_each_lease_keeps_its_own_answer() {
+    let nodes = RedisNodes::start(3, Persistence::None).expect("start redis-server");
+    let engine = engine(nodes.urls(), "a");
+    let mut leases = Vec::new();
+    for job in 0..20 {
+        let lease = engine
+            .try_acquire(&format!("job-{job}"), 60 * SECOND)
+            .await
+            .expect("acquire");
+        leases.push(lease);
+    }
+    for node in &nodes.nodes {
+        let _: i64 = node.query(&["DEL", "lockedjob:lock:job-7"]);
+    }
+    let before = requests(&engine, "extend");
+    let results = futures::future::join_all(leases.iter().map(|lease| engine.renew(lease))).await;
+    assert_eq!(
+        requests(&engine, "extend") - before,
+        3,
+        "20 renewals queued together take one round, one request a node"
+    );
+    for (job, (lease, result)) in leases.iter().zip(&results).enumerate() {
+        let key = format!("lockedjob:lock:job-{job}");
+        if job == 7 {
+            let err = result.as_ref().expect_err("job-7's keys are gone");
+            assert!(matches!(err, LockError::NoQuorum { .. }), "{err}");
+            assert_eq!(nodes.count_key(&key), 0, "a renewal re-created the key");
+            continue;
+        }
+        let deadline = result.as_ref().expect("renewed");
+        assert!(
+            *deadline > lease.deadline(),
+            "job-{job}: deadline not pushed out"
+        );
+        assert_eq!(nodes.count_key(&key), 3, "job-{job}");
+    }
+    for lease in &leases {
+        engine.release(lease).await;
+    }
 }
 
 /// The token is settled in phase 1 when this engine's proposal (one above the last token it

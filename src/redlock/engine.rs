@@ -6,13 +6,14 @@ use super::error::{Failures, LockError, NodeErrorKind, NodeFailure};
 use super::inspect::{LockView, NodeView};
 use super::lease::{holder_of, most_common, Lease};
 use super::node::Node;
+use super::renewals::Renewals;
 use super::scripts;
 use super::timing::{backoff, drift_allowance, may_hold_quorum, quorum, validity};
 use crate::metrics::{Metrics, Outcome};
 use futures::future::join_all;
 use redis::FromRedisValue;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 /// Phase-2 rounds before a token conflict is reported instead of retried.
@@ -36,6 +37,16 @@ struct Inner {
     metrics: Metrics,
     /// The highest token seen per lock name, for proposing the next one in phase 1.
     seen: Mutex<HashMap<String, u64>>,
+    renewals: Renewals,
+}
+
+/// The engine without keeping it alive: what its own renewal task holds.
+pub(super) struct WeakRedlock(Weak<Inner>);
+
+impl WeakRedlock {
+    pub(super) fn upgrade(&self) -> Option<Redlock> {
+        self.0.upgrade().map(|inner| Redlock { inner })
+    }
 }
 
 /// Held for a map lookup or insert, never across an await; a poisoned map is still a map.
@@ -81,6 +92,7 @@ impl Redlock {
                 parallel: true,
                 metrics,
                 seen: Mutex::new(HashMap::new()),
+                renewals: Renewals::default(),
             }),
         })
     }
@@ -95,6 +107,10 @@ impl Redlock {
                 ..inner
             }),
         })
+    }
+
+    fn downgrade(&self) -> WeakRedlock {
+        WeakRedlock(Arc::downgrade(&self.inner))
     }
 
     pub fn metrics(&self) -> &Metrics {
@@ -472,38 +488,88 @@ impl Redlock {
     /// Pushes the lease's expiry out by its TTL on a quorum, within the current validity. The new
     /// deadline counts from the moment the extend began. Never re-creates an expired key.
     pub async fn extend(&self, lease: &Lease) -> Result<Instant, LockError> {
-        let started = Instant::now();
-        let result = self.extend_inner(lease, started).await;
-        self.inner.metrics.record_renewal(result.is_ok());
-        result
+        let mut results = self.extend_many(&[lease]).await;
+        results
+            .pop()
+            .unwrap_or_else(|| unreachable!("extend_many answers once per lease"))
     }
 
-    async fn extend_inner(&self, lease: &Lease, start: Instant) -> Result<Instant, LockError> {
-        let expired = || LockError::Expired {
-            lock: lease.name.clone(),
-        };
-        let Some(left) = lease.deadline.checked_duration_since(start) else {
-            return Err(expired());
-        };
-        if left.is_zero() {
-            return Err(expired());
+    /// Like [`Redlock::extend`], but first waiting a moment (1/60 of the TTL, at most 500 ms)
+    /// for other renewals to share the round.
+    /// What the watchdog calls: with hundreds of leases in work, each node then sees about one
+    /// request per round of renewals instead of one per lease (docs/design.md, "Renewal").
+    pub async fn renew(&self, lease: &Lease) -> Result<Instant, LockError> {
+        let reply = self.inner.renewals.enqueue(lease, || self.downgrade());
+        match reply.await {
+            Ok(result) => result,
+            // The renewal task is gone (only while the engine is being dropped): renew alone.
+            Err(_) => self.extend(lease).await,
         }
-        let lock_key = self.lock_key(&lease.name);
-        let ttl_ms = lease.ttl.as_millis().max(1) as u64;
+    }
+
+    /// [`Redlock::extend`] for several leases in one round: each node gets one script call for
+    /// all of them. Answers once per lease, in order, as `extend` would have for it alone.
+    pub async fn extend_many(&self, leases: &[&Lease]) -> Vec<Result<Instant, LockError>> {
+        let start = Instant::now();
+        let live = |lease: &&&Lease| lease.deadline > start;
         let mut invocation = scripts::EXTEND.prepare_invoke();
-        invocation.key(&lock_key).arg(&lease.value).arg(ttl_ms);
-        let round = self.round::<i64>("extend", &invocation, Some(left)).await;
-        let mut failures = round.failures;
-        let mut extended = 0;
-        for (index, reply) in round.replies {
-            if reply == 1 {
-                extended += 1;
-            } else {
-                failures.push(self.failure(index, NodeErrorKind::WrongValue));
-            }
+        let mut longest_left = Duration::ZERO;
+        for lease in leases.iter().filter(live) {
+            invocation
+                .key(self.lock_key(&lease.name))
+                .arg(&lease.value)
+                .arg(lease.ttl.as_millis().max(1) as u64);
+            longest_left = longest_left.max(lease.deadline - start);
         }
-        self.check_held(lease, extended, failures)?;
+        let round = if longest_left.is_zero() {
+            Round {
+                replies: Vec::new(),
+                failures: Vec::new(),
+            }
+        } else {
+            // Bounded by the longest validity in the batch: each lease's own is checked below.
+            self.round::<Vec<i64>>("extend", &invocation, Some(longest_left))
+                .await
+        };
         let now = Instant::now();
+        let mut position = 0;
+        let results: Vec<_> = leases
+            .iter()
+            .map(|lease| {
+                if !live(&lease) {
+                    return Err(LockError::Expired {
+                        lock: lease.name.clone(),
+                    });
+                }
+                let mut failures = round.failures.clone();
+                let mut extended = 0;
+                for (index, replies) in &round.replies {
+                    if replies.get(position) == Some(&1) {
+                        extended += 1;
+                    } else {
+                        failures.push(self.failure(*index, NodeErrorKind::WrongValue));
+                    }
+                }
+                position += 1;
+                self.extended_until(lease, start, now, extended, failures)
+            })
+            .collect();
+        for result in &results {
+            self.inner.metrics.record_renewal(result.is_ok());
+        }
+        results
+    }
+
+    /// The new deadline of a lease that `extended` nodes extended in a round begun at `start`.
+    fn extended_until(
+        &self,
+        lease: &Lease,
+        start: Instant,
+        now: Instant,
+        extended: usize,
+        failures: Vec<NodeFailure>,
+    ) -> Result<Instant, LockError> {
+        self.check_held(lease, extended, failures)?;
         let drift = drift_allowance(lease.ttl, self.inner.config.drift_factor);
         let deadline = start + lease.ttl.saturating_sub(drift);
         if deadline <= now {

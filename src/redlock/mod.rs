@@ -7,6 +7,7 @@ mod error;
 mod inspect;
 mod lease;
 mod node;
+mod renewals;
 mod scripts;
 pub mod timing;
 mod tls;

@@ -62,14 +62,20 @@ end
 return previous
 "#;
 
-/// Extend: push the expiry out only while the key still holds our value. Never re-creates an
-/// expired key, which could resurrect a lock someone else now holds. KEYS: lock. ARGV: value,
-/// ttl ms. Returns 1 when extended, 0 otherwise.
+/// Extend: push each lock's expiry out only while it still holds our value. Never re-creates
+/// an expired key, which could resurrect a lock someone else now holds. Several leases share
+/// one call (renewals that share a round, docs/design.md "Renewal"). KEYS: locks. ARGV: value
+/// and ttl ms for each key in turn. Returns one 1 (extended) or 0 per key.
 const EXTEND_LUA: &str = r#"
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+local extended = {}
+for i, key in ipairs(KEYS) do
+  if redis.call('GET', key) == ARGV[2 * i - 1] then
+    extended[i] = redis.call('PEXPIRE', key, ARGV[2 * i])
+  else
+    extended[i] = 0
+  end
 end
-return 0
+return extended
 "#;
 
 /// Compare-and-delete. KEYS: lock. ARGV: value. Returns 1 when deleted, 0 otherwise.

@@ -166,7 +166,7 @@ async fn run(
             biased;
             _ = stop.cancelled() => return WatchdogEnd::Stopped(lease),
             // Abandon a renewal that would end past the give-up point: the lease is over then.
-            result = tokio::time::timeout_at(give_up_at.into(), engine.extend(&lease)) => result,
+            result = tokio::time::timeout_at(give_up_at.into(), engine.renew(&lease)) => result,
         };
         match outcome {
             Ok(Ok(deadline)) => {
