@@ -821,7 +821,8 @@ async fn renewals_share_a_round_and_each_lease_keeps_its_own_answer() {
         let _: i64 = node.query(&["DEL", "lockedjob:lock:job-7"]);
     }
     let before = requests(&engine, "extend");
-    let results = futures::future::join_all(leases.iter().map(|lease| engine.renew(lease))).await;
+    let results =
+        futures::future::join_all(leases.iter().map(|lease| engine.renew(lease, SECOND))).await;
     assert_eq!(
         requests(&engine, "extend") - before,
         3,

@@ -494,12 +494,15 @@ impl Redlock {
             .unwrap_or_else(|| unreachable!("extend_many answers once per lease"))
     }
 
-    /// Like [`Redlock::extend`], but first waiting a moment (1/60 of the TTL, at most 500 ms)
-    /// for other renewals to share the round.
+    /// Like [`Redlock::extend`], but waiting up to `linger` for other renewals to share the
+    /// round (the watchdog's choice: `renewals::linger`).
     /// What the watchdog calls: with hundreds of leases in work, each node then sees about one
     /// request per round of renewals instead of one per lease (docs/design.md, "Renewal").
-    pub async fn renew(&self, lease: &Lease) -> Result<Instant, LockError> {
-        let reply = self.inner.renewals.enqueue(lease, || self.downgrade());
+    pub async fn renew(&self, lease: &Lease, linger: Duration) -> Result<Instant, LockError> {
+        let reply = self
+            .inner
+            .renewals
+            .enqueue(lease, linger, || self.downgrade());
         match reply.await {
             Ok(result) => result,
             // The renewal task is gone (only while the engine is being dropped): renew alone.

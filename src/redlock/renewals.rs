@@ -22,10 +22,11 @@ const MAX_LINGER: Duration = Duration::from_millis(500);
 /// Leases per script call: bounds how long one call keeps a node busy (a few µs a lease).
 const MAX_BATCH: usize = 256;
 
-/// How long a renewal of a lease with `ttl` may wait for others: 1/60 of the TTL (no more than
-/// a thirtieth of the time between renewals at the default ttl/3), at most [`MAX_LINGER`].
-pub(crate) fn linger(ttl: Duration) -> Duration {
-    (ttl / 60).min(MAX_LINGER)
+/// How long a renewal may wait for others: 1/60 of the lease's TTL (a thirtieth of the time
+/// between renewals at the default ttl/3), at most [`MAX_LINGER`], and at most a quarter of
+/// the time left before the renewer gives up, so that waiting never costs the lease.
+pub(crate) fn linger(ttl: Duration, until_give_up: Duration) -> Duration {
+    (ttl / 60).min(MAX_LINGER).min(until_give_up / 4)
 }
 
 type Reply = Result<Instant, LockError>;
@@ -59,10 +60,11 @@ pub(crate) struct Renewals {
 }
 
 impl Renewals {
-    /// Queues a renewal of `lease`; the receiver gets its result.
+    /// Queues a renewal of `lease`, to be sent within `linger`; the receiver gets its result.
     pub(crate) fn enqueue(
         &self,
         lease: &Lease,
+        linger: Duration,
         engine: impl FnOnce() -> WeakRedlock,
     ) -> oneshot::Receiver<Reply> {
         self.task.get_or_init(|| {
@@ -72,7 +74,7 @@ impl Renewals {
             )))
         });
         let (reply, receiver) = oneshot::channel();
-        let send_by = Instant::now() + linger(lease.ttl);
+        let send_by = Instant::now() + linger;
         let sooner = {
             let mut queue = lock(&self.shared.queue);
             queue.waiting.push(Waiting {
@@ -146,16 +148,24 @@ mod tests {
     use super::*;
 
     #[test]
-    fn linger_is_a_small_part_of_the_ttl_and_capped() {
-        // (ttl, linger)
+    fn linger_is_a_small_part_of_the_ttl_and_of_the_time_left() {
+        let ms = Duration::from_millis;
+        // (ttl, time before giving up, linger)
         let table = [
-            (Duration::from_millis(600), Duration::from_millis(10)),
-            (Duration::from_secs(6), Duration::from_millis(100)),
-            (Duration::from_secs(30), Duration::from_millis(500)),
-            (Duration::from_secs(600), MAX_LINGER),
+            (ms(600), ms(400), ms(10)),
+            (ms(6_000), ms(3_000), ms(100)),
+            (ms(30_000), ms(18_000), ms(500)),
+            (ms(600_000), ms(390_000), MAX_LINGER),
+            // A renewal close to giving up (a retry, or a renew interval near the TTL).
+            (ms(30_000), ms(400), ms(100)),
+            (ms(30_000), Duration::ZERO, Duration::ZERO),
         ];
-        for (ttl, expected) in table {
-            assert_eq!(linger(ttl), expected, "ttl {ttl:?}");
+        for (ttl, until_give_up, expected) in table {
+            assert_eq!(
+                linger(ttl, until_give_up),
+                expected,
+                "ttl {ttl:?}, {until_give_up:?} left"
+            );
         }
     }
 }

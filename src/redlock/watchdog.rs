@@ -12,6 +12,7 @@
 use super::config::LeaseTiming;
 use super::engine::Redlock;
 use super::lease::Lease;
+use super::renewals;
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -162,11 +163,12 @@ async fn run(
         }
         let attempt_started = Instant::now();
         status.send_modify(|s| s.last_attempt = Some(attempt_started));
+        let linger = renewals::linger(lease.ttl, give_up_at - attempt_started);
         let outcome = tokio::select! {
             biased;
             _ = stop.cancelled() => return WatchdogEnd::Stopped(lease),
             // Abandon a renewal that would end past the give-up point: the lease is over then.
-            result = tokio::time::timeout_at(give_up_at.into(), engine.renew(&lease)) => result,
+            result = tokio::time::timeout_at(give_up_at.into(), engine.renew(&lease, linger)) => result,
         };
         match outcome {
             Ok(Ok(deadline)) => {
