@@ -161,6 +161,43 @@ async fn hung_node_costs_about_one_timeout_not_seconds() {
     blocking(|| nodes[0].resume().expect("SIGCONT redis-server"));
 }
 
+/// Phase 1 ends once a quorum granted and raised the fence: a hung node is not waited for,
+/// even with a request timeout longer than the test. Its grant lands when it wakes, and the
+/// lease's release still reaches it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_settled_phase_one_does_not_wait_for_a_hung_node_and_its_late_grant_is_released() {
+    let mut nodes = RedisNodes::start(3, Persistence::None).expect("start redis-server");
+    let client = engine_with_timeout(nodes.urls(), "test/late", Duration::from_secs(3600));
+    client.try_acquire("warm", SECOND).await.expect("warm-up");
+    blocking(|| nodes[2].pause().expect("SIGSTOP redis-server"));
+
+    // Waiting for node 2 would wait the hour-long timeout: the bound turns that into a failure.
+    let lease = tokio::time::timeout(
+        120 * SECOND,
+        client.try_acquire_step("late", 60 * SECOND, 5),
+    )
+    .await
+    .expect("phase 1 waited for the hung node")
+    .expect("a quorum of 2 granted");
+    assert_eq!(lease.token(), 1);
+
+    blocking(|| nodes[2].resume().expect("SIGCONT redis-server"));
+    let key = "lockedjob:lock:late";
+    // The hung node's SET runs once it wakes, if the connection had written it before phase 1
+    // ended (almost always: the two other replies take a round trip)...
+    for _ in 0..200 {
+        if nodes.count_key(key) == 3 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let holding = nodes.count_key(key);
+    assert!(holding >= 2, "{holding} nodes hold the lock");
+    // ...and the release, which counts the node as possibly holding our value, clears it.
+    assert_eq!(client.release(&lease).await, holding);
+    assert_eq!(nodes.count_key(key), 0, "a late grant was left behind");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn non_holder_release_deletes_nothing_and_extend_never_recreates() {
     let nodes = RedisNodes::start(3, Persistence::None).expect("start redis-server");
@@ -841,7 +878,8 @@ async fn renewals_share_a_round_and_each_lease_keeps_its_own_answer() {
             *deadline > lease.deadline(),
             "job-{job}: deadline not pushed out"
         );
-        assert_eq!(nodes.count_key(&key), 3, "job-{job}");
+        // A quorum at least: phase 1 does not wait for the last node.
+        assert!(nodes.count_key(&key) >= 2, "job-{job}");
     }
     for lease in &leases {
         engine.release(lease).await;

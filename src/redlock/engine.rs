@@ -11,6 +11,7 @@ use super::scripts;
 use super::timing::{backoff, drift_allowance, may_hold_quorum, quorum, validity};
 use crate::metrics::{Metrics, Outcome};
 use futures::future::join_all;
+use futures::stream::{FuturesUnordered, StreamExt};
 use redis::FromRedisValue;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
@@ -55,6 +56,10 @@ fn lock_seen(
 ) -> std::sync::MutexGuard<'_, HashMap<String, u64>> {
     seen.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
+
+/// A node's answer to phase 1: granted 0/1, fence before, progress, raised 0/1, and the
+/// current holder where refused.
+type Grant = (i64, Option<u64>, Option<u64>, i64, Option<String>);
 
 /// What each node said in one round.
 struct Round<T> {
@@ -260,9 +265,18 @@ impl Redlock {
             grant.key(progress_key);
         }
         grant.arg(&value).arg(ttl_ms).arg(proposal);
-        let phase1 = self
-            .round::<(i64, Option<u64>, Option<u64>, i64, Option<String>)>("acquire", &grant, None)
-            .await;
+        // Once a quorum granted and raised the fence, the token is settled (the argument needs
+        // a quorum of replies, not all of them): the nodes still to answer are not waited for.
+        // They count as not refused, so the lease's release reaches them.
+        let quorum = self.inner.quorum;
+        let settled = |replies: &[(usize, Grant)]| {
+            replies
+                .iter()
+                .filter(|(_, (set, _, _, raised, _))| *set == 1 && *raised == 1)
+                .count()
+                >= quorum
+        };
+        let phase1 = self.round_until::<Grant>("acquire", &grant, settled).await;
         let mut failures = phase1.failures;
         let mut held = 0;
         let mut granted = 0;
@@ -293,7 +307,6 @@ impl Redlock {
         }
         self.remember(name, highest_fence);
         let nodes = self.inner.nodes.len();
-        let quorum = self.inner.quorum;
         if granted < quorum {
             // A node whose SET NX answered nil holds no value of ours (the value is new for
             // this attempt), so it needs no delete; every other node does, including those
@@ -416,12 +429,18 @@ impl Redlock {
             if let Some((progress_key, step)) = progress {
                 raise.key(progress_key).arg(*step);
             }
-            let phase2 = self.round::<i64>("fence", &raise, None).await;
-            let raised = phase2
-                .replies
-                .iter()
-                .filter(|(_, previous)| *previous < token as i64)
-                .count();
+            let raised_from_below = |replies: &[(usize, i64)]| {
+                replies
+                    .iter()
+                    .filter(|(_, previous)| *previous < token as i64)
+                    .count()
+            };
+            let phase2 = self
+                .round_until::<i64>("fence", &raise, |replies| {
+                    raised_from_below(replies) >= quorum
+                })
+                .await;
+            let raised = raised_from_below(&phase2.replies);
             let seen = phase2.replies.iter().map(|(_, previous)| *previous).max();
             if raised >= quorum {
                 return Ok(token);
@@ -452,7 +471,10 @@ impl Redlock {
     ) -> Result<(), LockError> {
         let mut raise = scripts::PROGRESS.prepare_invoke();
         raise.key(progress_key).arg(step);
-        let round = self.round::<i64>("progress", &raise, None).await;
+        let quorum = self.inner.quorum;
+        let round = self
+            .round_until::<i64>("progress", &raise, |replies| replies.len() >= quorum)
+            .await;
         if round.replies.len() < self.inner.quorum {
             return Err(self.no_quorum(name, round.replies.len(), round.failures));
         }
@@ -772,6 +794,43 @@ impl Redlock {
         limit: Option<Duration>,
     ) -> Round<T> {
         self.round_except(op, request, limit, &[]).await
+    }
+
+    /// [`round`](Self::round) that stops waiting once the replies so far are `enough`; nodes
+    /// yet to answer are then in neither list. Their requests may still run on the node
+    /// later, or never (redis-rs drops a request nobody waits for if it has not written it
+    /// yet): callers must treat those nodes as possibly holding what the request writes.
+    async fn round_until<T: FromRedisValue + Send>(
+        &self,
+        op: &'static str,
+        request: &redis::ScriptInvocation<'_>,
+        enough: impl Fn(&[(usize, T)]) -> bool,
+    ) -> Round<T> {
+        if !self.inner.parallel {
+            return self.round(op, request, None).await;
+        }
+        let limit = self.inner.config.request_timeout;
+        let nodes = &self.inner.nodes;
+        self.inner.metrics.record_redis_requests(op, nodes.len());
+        let mut pending: FuturesUnordered<_> = nodes
+            .iter()
+            .enumerate()
+            .map(|(index, node)| async move { (index, node.run_within::<T>(request, limit).await) })
+            .collect();
+        let mut round = Round {
+            replies: Vec::with_capacity(nodes.len()),
+            failures: Vec::new(),
+        };
+        while let Some((index, result)) = pending.next().await {
+            match result {
+                Ok(value) => round.replies.push((index, value)),
+                Err(kind) => round.failures.push(self.failure(index, kind)),
+            }
+            if enough(&round.replies) {
+                break;
+            }
+        }
+        round
     }
 
     /// [`round`](Self::round) on every node not marked in `skip`.
