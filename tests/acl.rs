@@ -47,6 +47,11 @@ async fn the_documented_user_is_enough_for_every_call_of_the_engine() {
     bounded("extend", engine.extend(&lease))
         .await
         .expect("extend as the ACL user");
+    bounded("renew", engine.renew(&lease, Duration::from_millis(10)))
+        .await
+        .expect("renew as the ACL user");
+    let hint = bounded("hint", engine.value_on_any_node("acl")).await;
+    assert_eq!(hint.map(|(value, _)| value).as_deref(), Some(lease.value()));
     assert_eq!(
         bounded("holder", engine.current_holder("acl"))
             .await

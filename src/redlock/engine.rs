@@ -1,12 +1,12 @@
 //! Redlock over N independent nodes, with a two-phase fencing token (docs/design.md, "Redlock, as this project does it").
 
+use super::batch::{Batcher, SendBatch};
 use super::config::RedlockConfig;
 use super::error::ConfigError;
 use super::error::{Failures, LockError, NodeErrorKind, NodeFailure};
 use super::inspect::{LockView, NodeView};
 use super::lease::{holder_of, most_common, Lease};
 use super::node::Node;
-use super::renewals::Renewals;
 use super::scripts;
 use super::timing::{backoff, drift_allowance, may_hold_quorum, quorum, validity};
 use crate::metrics::{Metrics, Outcome};
@@ -16,6 +16,7 @@ use redis::FromRedisValue;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
+use tokio::task::JoinSet;
 
 /// Phase-2 rounds before a token conflict is reported instead of retried.
 const MAX_FENCE_ROUNDS: u32 = 3;
@@ -38,7 +39,43 @@ struct Inner {
     metrics: Metrics,
     /// The highest token seen per lock name, for proposing the next one in phase 1.
     seen: Mutex<HashMap<String, u64>>,
-    renewals: Renewals,
+    /// Requests that share rounds (`batch.rs`).
+    renewals: Batcher<Lease, Result<Instant, LockError>>,
+    hints: Batcher<String, Option<(String, Duration)>>,
+    holder_reads: Batcher<String, Option<String>>,
+    /// Requests a round stopped waiting for, seen through to their end (`round_until`).
+    stragglers: Mutex<JoinSet<()>>,
+}
+
+/// How long an orphan check's reads (`value_on_any_node`, `current_holder`) wait for others:
+/// they look for a holder that may have died a TTL ago, so a moment more does not matter.
+const READ_LINGER: Duration = Duration::from_millis(250);
+
+fn send_renewals(
+    engine: Redlock,
+    leases: Vec<Lease>,
+) -> futures::future::BoxFuture<'static, Vec<Result<Instant, LockError>>> {
+    Box::pin(async move {
+        let leases: Vec<&Lease> = leases.iter().collect();
+        engine.extend_many(&leases).await
+    })
+}
+
+fn send_hints(
+    engine: Redlock,
+    names: Vec<String>,
+) -> futures::future::BoxFuture<'static, Vec<Option<(String, Duration)>>> {
+    Box::pin(async move {
+        let node = rand::random::<u32>() as usize;
+        engine.values_on_node(&names, node).await
+    })
+}
+
+fn send_holder_reads(
+    engine: Redlock,
+    names: Vec<String>,
+) -> futures::future::BoxFuture<'static, Vec<Option<String>>> {
+    Box::pin(async move { engine.current_holders(&names).await })
 }
 
 /// The engine without keeping it alive: what its own renewal task holds.
@@ -97,7 +134,10 @@ impl Redlock {
                 parallel: true,
                 metrics,
                 seen: Mutex::new(HashMap::new()),
-                renewals: Renewals::default(),
+                renewals: Batcher::new(send_renewals as SendBatch<_, _>),
+                hints: Batcher::new(send_hints as SendBatch<_, _>),
+                holder_reads: Batcher::new(send_holder_reads as SendBatch<_, _>),
+                stragglers: Mutex::new(JoinSet::new()),
             }),
         })
     }
@@ -276,7 +316,7 @@ impl Redlock {
                 .count()
                 >= quorum
         };
-        let phase1 = self.round_until::<Grant>("acquire", &grant, settled).await;
+        let phase1 = self.round_until::<Grant>("acquire", grant, settled).await;
         let mut failures = phase1.failures;
         let mut held = 0;
         let mut granted = 0;
@@ -436,7 +476,7 @@ impl Redlock {
                     .count()
             };
             let phase2 = self
-                .round_until::<i64>("fence", &raise, |replies| {
+                .round_until::<i64>("fence", raise, |replies| {
                     raised_from_below(replies) >= quorum
                 })
                 .await;
@@ -473,7 +513,7 @@ impl Redlock {
         raise.key(progress_key).arg(step);
         let quorum = self.inner.quorum;
         let round = self
-            .round_until::<i64>("progress", &raise, |replies| replies.len() >= quorum)
+            .round_until::<i64>("progress", raise, |replies| replies.len() >= quorum)
             .await;
         if round.replies.len() < self.inner.quorum {
             return Err(self.no_quorum(name, round.replies.len(), round.failures));
@@ -517,14 +557,14 @@ impl Redlock {
     }
 
     /// Like [`Redlock::extend`], but waiting up to `linger` for other renewals to share the
-    /// round (the watchdog's choice: `renewals::linger`).
+    /// round (the watchdog's choice: `batch::renewal_linger`).
     /// What the watchdog calls: with hundreds of leases in work, each node then sees about one
     /// request per round of renewals instead of one per lease (docs/design.md, "Renewal").
     pub async fn renew(&self, lease: &Lease, linger: Duration) -> Result<Instant, LockError> {
         let reply = self
             .inner
             .renewals
-            .enqueue(lease, linger, || self.downgrade());
+            .enqueue(lease.clone(), linger, || self.downgrade());
         match reply.await {
             Ok(result) => result,
             // The renewal task is gone (only while the engine is being dropped): renew alone.
@@ -682,17 +722,39 @@ impl Redlock {
     }
 
     /// Who holds `name` now, as seen by a quorum: the holder part of the value a majority of
-    /// nodes store, or `None` when no value has a majority.
+    /// nodes store, or `None` when no value has a majority. Waits a moment (250 ms) for other
+    /// reads to share the round.
     pub async fn current_holder(&self, name: &str) -> Option<String> {
-        let lock_key = self.lock_key(name);
+        let reply = self
+            .inner
+            .holder_reads
+            .enqueue(name.to_string(), READ_LINGER, || self.downgrade());
+        match reply.await {
+            Ok(holder) => holder,
+            Err(_) => self.current_holders(&[name.to_string()]).await.pop()?,
+        }
+    }
+
+    /// [`Redlock::current_holder`] of each of `names`, in one round.
+    async fn current_holders(&self, names: &[String]) -> Vec<Option<String>> {
         let mut invocation = scripts::GET.prepare_invoke();
-        invocation.key(&lock_key);
+        for name in names {
+            invocation.key(self.lock_key(name));
+        }
         let round = self
-            .round::<Option<String>>("holder", &invocation, None)
+            .round::<Vec<Option<String>>>("holder", &invocation, None)
             .await;
-        most_common(round.replies.iter().filter_map(|(_, v)| v.as_deref()))
-            .filter(|(_, count)| *count >= self.inner.quorum)
-            .map(|(value, _)| holder_of(value).to_string())
+        (0..names.len())
+            .map(|position| {
+                let values = round
+                    .replies
+                    .iter()
+                    .filter_map(|(_, values)| values.get(position)?.as_deref());
+                most_common(values)
+                    .filter(|(_, count)| *count >= self.inner.quorum)
+                    .map(|(value, _)| holder_of(value).to_string())
+            })
+            .collect()
     }
 
     /// The value one node (`which`, modulo the node count) stores for `name`, and how long
@@ -701,12 +763,47 @@ impl Redlock {
     /// has seen it renewed within a TTL, but one node is no quorum, so nothing that needs the
     /// truth may rest on it.
     pub async fn value_on_node(&self, name: &str, which: usize) -> Option<(String, Duration)> {
+        self.values_on_node(&[name.to_string()], which)
+            .await
+            .pop()?
+    }
+
+    /// [`Redlock::value_on_node`] on a node picked at random per round, waiting a moment
+    /// (250 ms) for other hints to share the request.
+    pub async fn value_on_any_node(&self, name: &str) -> Option<(String, Duration)> {
+        let reply = self
+            .inner
+            .hints
+            .enqueue(name.to_string(), READ_LINGER, || self.downgrade());
+        match reply.await {
+            Ok(hint) => hint,
+            Err(_) => {
+                self.value_on_node(name, rand::random::<u32>() as usize)
+                    .await
+            }
+        }
+    }
+
+    /// [`Redlock::value_on_node`] of each of `names`, in one request.
+    async fn values_on_node(
+        &self,
+        names: &[String],
+        which: usize,
+    ) -> Vec<Option<(String, Duration)>> {
         let mut invocation = scripts::HINT.prepare_invoke();
-        invocation.key(self.lock_key(name));
-        let (value, pttl) = self
-            .on_node::<(Option<String>, i64)>("hint", &invocation, which)
-            .await?;
-        Some((value?, Duration::from_millis(pttl.max(0) as u64)))
+        for name in names {
+            invocation.key(self.lock_key(name));
+        }
+        let hints = self
+            .on_node::<Vec<(Option<String>, i64)>>("hint", &invocation, which)
+            .await
+            .unwrap_or_default();
+        (0..names.len())
+            .map(|position| {
+                let (value, pttl) = hints.get(position)?.clone();
+                Some((value?, Duration::from_millis(pttl.max(0) as u64)))
+            })
+            .collect()
     }
 
     /// Whether one node (`which`, modulo the node count) records `step`, or a later one, as
@@ -718,9 +815,9 @@ impl Redlock {
     pub async fn step_started_on_node(&self, register: &str, step: u64, which: usize) -> bool {
         let mut invocation = scripts::GET.prepare_invoke();
         invocation.key(self.progress_key(register));
-        self.on_node::<Option<String>>("step_hint", &invocation, which)
+        self.on_node::<Vec<Option<String>>>("step_hint", &invocation, which)
             .await
-            .flatten()
+            .and_then(|values| values.into_iter().next().flatten())
             .and_then(|value| value.parse::<u64>().ok())
             .is_some_and(|started| started >= step)
     }
@@ -797,28 +894,34 @@ impl Redlock {
     }
 
     /// [`round`](Self::round) that stops waiting once the replies so far are `enough`; nodes
-    /// yet to answer are then in neither list. Their requests may still run on the node
-    /// later, or never (redis-rs drops a request nobody waits for if it has not written it
-    /// yet): callers must treat those nodes as possibly holding what the request writes.
-    async fn round_until<T: FromRedisValue + Send>(
+    /// yet to answer are then in neither list. Their requests are seen through in the
+    /// background (`stragglers`), as the caller would have: a request dropped before its
+    /// connection wrote it would not be sent at all, and a lock left off a node it could have
+    /// reached leaves the lease one node failure closer to losing its quorum.
+    async fn round_until<T: FromRedisValue + Send + 'static>(
         &self,
         op: &'static str,
-        request: &redis::ScriptInvocation<'_>,
+        request: redis::ScriptInvocation<'static>,
         enough: impl Fn(&[(usize, T)]) -> bool,
     ) -> Round<T> {
         if !self.inner.parallel {
-            return self.round(op, request, None).await;
+            return self.round(op, &request, None).await;
         }
         let limit = self.inner.config.request_timeout;
-        let nodes = &self.inner.nodes;
-        self.inner.metrics.record_redis_requests(op, nodes.len());
-        let mut pending: FuturesUnordered<_> = nodes
-            .iter()
-            .enumerate()
-            .map(|(index, node)| async move { (index, node.run_within::<T>(request, limit).await) })
+        let count = self.inner.nodes.len();
+        self.inner.metrics.record_redis_requests(op, count);
+        let request = Arc::new(request);
+        let mut pending: FuturesUnordered<_> = (0..count)
+            .map(|index| {
+                let (engine, request) = (self.clone(), Arc::clone(&request));
+                async move {
+                    let node = &engine.inner.nodes[index];
+                    (index, node.run_within::<T>(&request, limit).await)
+                }
+            })
             .collect();
         let mut round = Round {
-            replies: Vec::with_capacity(nodes.len()),
+            replies: Vec::with_capacity(count),
             failures: Vec::new(),
         };
         while let Some((index, result)) = pending.next().await {
@@ -827,10 +930,25 @@ impl Redlock {
                 Err(kind) => round.failures.push(self.failure(index, kind)),
             }
             if enough(&round.replies) {
+                if !pending.is_empty() {
+                    self.see_through(async move { while pending.next().await.is_some() {} });
+                }
                 break;
             }
         }
         round
+    }
+
+    /// Runs requests a round stopped waiting for to their end (each bounded by the request
+    /// timeout) in tasks the engine owns: dropping the engine aborts them.
+    fn see_through(&self, requests: impl std::future::Future<Output = ()> + Send + 'static) {
+        let mut stragglers = self
+            .inner
+            .stragglers
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        while stragglers.try_join_next().is_some() {}
+        stragglers.spawn(requests);
     }
 
     /// [`round`](Self::round) on every node not marked in `skip`.

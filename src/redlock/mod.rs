@@ -1,13 +1,13 @@
 //! The lock engine: Redlock over N independent Redis nodes, fencing tokens, and a watchdog.
 //! Nothing here knows about Kubernetes; the controller and `exec` build on it.
 
+mod batch;
 mod config;
 mod engine;
 mod error;
 mod inspect;
 mod lease;
 mod node;
-mod renewals;
 mod scripts;
 pub mod timing;
 mod tls;

@@ -89,14 +89,25 @@ return 0
 /// Reachability probe that also proves scripting works.
 const PING_LUA: &str = "return 1";
 
-/// Reads the lock value ("who holds it") through the same bounded path as everything else.
-const GET_LUA: &str = "return redis.call('GET', KEYS[1])";
+/// Reads keys (lock values: "who holds it"; progress registers) through the same bounded path
+/// as everything else. KEYS: the keys. Returns one value (or nil) per key.
+const GET_LUA: &str = r#"
+local values = {}
+for i, key in ipairs(KEYS) do
+  values[i] = redis.call('GET', key)
+end
+return values
+"#;
 
-/// A lock's value on one node and its PTTL in ms (-2 when absent), for the orphan check's hint.
+/// Locks' values on one node and their PTTLs in ms (-2 when absent), for the orphan check's
+/// hint. KEYS: locks. Returns one {value, ttl} per key.
 const HINT_LUA: &str = r#"
-local value = redis.call('GET', KEYS[1])
-local ttl = redis.call('PTTL', KEYS[1])
-return {value, ttl}
+local hints = {}
+for i, key in ipairs(KEYS) do
+  local value = redis.call('GET', key)
+  hints[i] = {value, redis.call('PTTL', key)}
+end
+return hints
 "#;
 
 /// One node's view of a lock, for `lockedjob status`. KEYS: lock, fence, progress. Returns

@@ -9,10 +9,10 @@
 //! early or panics without `stop()`) ends the renewals, and the lease then expires by itself
 //! instead of being kept alive by a detached task forever.
 
+use super::batch::renewal_linger;
 use super::config::LeaseTiming;
 use super::engine::Redlock;
 use super::lease::Lease;
-use super::renewals;
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -163,7 +163,7 @@ async fn run(
         }
         let attempt_started = Instant::now();
         status.send_modify(|s| s.last_attempt = Some(attempt_started));
-        let linger = renewals::linger(lease.ttl, give_up_at - attempt_started);
+        let linger = renewal_linger(lease.ttl, give_up_at - attempt_started);
         let outcome = tokio::select! {
             biased;
             _ = stop.cancelled() => return WatchdogEnd::Stopped(lease),

@@ -87,8 +87,7 @@ async fn holder_alive(
     job: &JobKey,
     lock_value: Option<&str>,
 ) -> bool {
-    let node = rand::random::<u32>() as usize;
-    match ctx.engine.value_on_node(&valid.lock_name, node).await {
+    match ctx.engine.value_on_any_node(&valid.lock_name).await {
         Some((stored, left)) if held_here(&stored, lock_value, &ctx.cluster_id) => {
             let wait = left.min(valid.timing.ttl);
             ctx.runs.defer_orphan_check(job, Instant::now() + wait);

@@ -1,14 +1,15 @@
-//! Renewals that share a round (docs/design.md, "Renewal").
+//! Requests that share a round (docs/design.md, "Renewal" and "A run's life", 5).
 //!
-//! Every lease in work is renewed once per renew interval. One round per lease would cost each
-//! node one request per lease per interval: with a thousand Jobs running, renewals would be
-//! most of the lock traffic. A renewal instead waits a moment (its linger) for others, and all
-//! that are waiting then go to each node as one script call. Rounds do not wait for each
-//! other, so a hung node still costs a renewal one request timeout.
+//! Some requests come once per lock in use per interval: every lease in work is renewed each
+//! renew interval, and every Job a replica does not supervise is checked for a live holder.
+//! One round each would cost each node one request per lock per interval: with a thousand
+//! Jobs running, that was most of the lock traffic. Such a request instead waits a moment (its
+//! linger) for others of its kind, and all that are waiting then go to the nodes as one
+//! script call each. Rounds do not wait for each other, so a hung node still costs each
+//! request one request timeout.
 
 use super::engine::{Redlock, WeakRedlock};
-use super::error::LockError;
-use super::lease::Lease;
+use futures::future::BoxFuture;
 use futures::stream::{FuturesUnordered, StreamExt};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
@@ -19,68 +20,84 @@ use tokio_util::task::AbortOnDropHandle;
 /// renewed every 10 s, given up 2 s before the deadline).
 const MAX_LINGER: Duration = Duration::from_millis(500);
 
-/// Leases per script call: bounds how long one call keeps a node busy (a few µs a lease).
+/// Requests per script call: bounds how long one call keeps a node busy (a few µs each).
 const MAX_BATCH: usize = 256;
 
 /// How long a renewal may wait for others: 1/60 of the lease's TTL (a thirtieth of the time
 /// between renewals at the default ttl/3), at most [`MAX_LINGER`], and at most a quarter of
 /// the time left before the renewer gives up, so that waiting never costs the lease.
-pub(crate) fn linger(ttl: Duration, until_give_up: Duration) -> Duration {
+pub(crate) fn renewal_linger(ttl: Duration, until_give_up: Duration) -> Duration {
     (ttl / 60).min(MAX_LINGER).min(until_give_up / 4)
 }
 
-type Reply = Result<Instant, LockError>;
+/// Sends one batch as one round: one answer per request, in order.
+pub(crate) type SendBatch<Request, Answer> =
+    fn(Redlock, Vec<Request>) -> BoxFuture<'static, Vec<Answer>>;
 
-struct Waiting {
-    lease: Lease,
+struct Waiting<Request, Answer> {
+    request: Request,
     send_by: Instant,
-    reply: oneshot::Sender<Reply>,
+    answer: oneshot::Sender<Answer>,
 }
 
-#[derive(Default)]
-struct Queue {
-    waiting: Vec<Waiting>,
+struct Queue<Request, Answer> {
+    waiting: Vec<Waiting<Request, Answer>>,
     /// The earliest `send_by` in `waiting`.
     earliest: Option<Instant>,
 }
 
-#[derive(Default)]
-struct Shared {
-    queue: Mutex<Queue>,
-    /// Told when a renewal is due sooner than every other waiting one.
+struct Shared<Request, Answer> {
+    queue: Mutex<Queue<Request, Answer>>,
+    /// Told when a request is due sooner than every other waiting one.
     sooner: Notify,
 }
 
-/// The engine's renewal queue and the task that sends it. The task starts on first use and
-/// ends with the engine (it holds it only weakly, and only for a round).
-#[derive(Default)]
-pub(crate) struct Renewals {
-    shared: Arc<Shared>,
+/// A queue of one kind of request and the task that sends it. The task starts on first use
+/// and ends with the engine (it holds it only weakly, and only for a round).
+pub(crate) struct Batcher<Request, Answer> {
+    shared: Arc<Shared<Request, Answer>>,
+    send: SendBatch<Request, Answer>,
     task: OnceLock<AbortOnDropHandle<()>>,
 }
 
-impl Renewals {
-    /// Queues a renewal of `lease`, to be sent within `linger`; the receiver gets its result.
+impl<Request: Send + 'static, Answer: Send + 'static> Batcher<Request, Answer> {
+    pub(crate) fn new(send: SendBatch<Request, Answer>) -> Self {
+        Self {
+            shared: Arc::new(Shared {
+                queue: Mutex::new(Queue {
+                    waiting: Vec::new(),
+                    earliest: None,
+                }),
+                sooner: Notify::new(),
+            }),
+            send,
+            task: OnceLock::new(),
+        }
+    }
+
+    /// Queues `request`, to be sent within `linger`; the receiver gets its answer. It gets
+    /// none (a closed channel) only when the engine is going away.
     pub(crate) fn enqueue(
         &self,
-        lease: &Lease,
+        request: Request,
         linger: Duration,
         engine: impl FnOnce() -> WeakRedlock,
-    ) -> oneshot::Receiver<Reply> {
+    ) -> oneshot::Receiver<Answer> {
         self.task.get_or_init(|| {
             AbortOnDropHandle::new(tokio::spawn(send_rounds(
                 Arc::clone(&self.shared),
+                self.send,
                 engine(),
             )))
         });
-        let (reply, receiver) = oneshot::channel();
+        let (answer, receiver) = oneshot::channel();
         let send_by = Instant::now() + linger;
         let sooner = {
             let mut queue = lock(&self.shared.queue);
             queue.waiting.push(Waiting {
-                lease: lease.clone(),
+                request,
                 send_by,
-                reply,
+                answer,
             });
             let sooner = queue.earliest.is_none_or(|earliest| send_by < earliest);
             if sooner {
@@ -96,16 +113,18 @@ impl Renewals {
 }
 
 /// Held for a push or a drain, never across an await; a poisoned queue is still a queue.
-fn lock(queue: &Mutex<Queue>) -> MutexGuard<'_, Queue> {
+fn lock<Request, Answer>(
+    queue: &Mutex<Queue<Request, Answer>>,
+) -> MutexGuard<'_, Queue<Request, Answer>> {
     queue
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// Up to [`MAX_BATCH`] waiting renewals whose renewer still waits, oldest first.
-fn take_batch(shared: &Shared) -> Vec<Waiting> {
+/// Up to [`MAX_BATCH`] waiting requests whose sender still waits, oldest first.
+fn take_batch<Request, Answer>(shared: &Shared<Request, Answer>) -> Vec<Waiting<Request, Answer>> {
     let mut queue = lock(&shared.queue);
-    queue.waiting.retain(|waiting| !waiting.reply.is_closed());
+    queue.waiting.retain(|waiting| !waiting.answer.is_closed());
     let size = queue.waiting.len().min(MAX_BATCH);
     let rest = queue.waiting.split_off(size);
     let batch = std::mem::replace(&mut queue.waiting, rest);
@@ -113,7 +132,11 @@ fn take_batch(shared: &Shared) -> Vec<Waiting> {
     batch
 }
 
-async fn send_rounds(shared: Arc<Shared>, engine: WeakRedlock) {
+async fn send_rounds<Request: Send + 'static, Answer: Send + 'static>(
+    shared: Arc<Shared<Request, Answer>>,
+    send: SendBatch<Request, Answer>,
+    engine: WeakRedlock,
+) {
     let mut rounds = FuturesUnordered::new();
     loop {
         let due = lock(&shared.queue).earliest;
@@ -127,19 +150,25 @@ async fn send_rounds(shared: Arc<Shared>, engine: WeakRedlock) {
                     continue;
                 }
                 let Some(engine) = engine.upgrade() else { return };
-                rounds.push(renew_batch(engine, batch));
+                rounds.push(send_batch(send, engine, batch));
             }
             Some(()) = rounds.next(), if !rounds.is_empty() => {}
         }
     }
 }
 
-async fn renew_batch(engine: Redlock, batch: Vec<Waiting>) {
-    let leases: Vec<&Lease> = batch.iter().map(|waiting| &waiting.lease).collect();
-    let results = engine.extend_many(&leases).await;
-    for (waiting, result) in batch.into_iter().zip(results) {
-        // A renewer that gave up (its watchdog stopped) no longer listens.
-        let _ = waiting.reply.send(result);
+async fn send_batch<Request, Answer>(
+    send: SendBatch<Request, Answer>,
+    engine: Redlock,
+    batch: Vec<Waiting<Request, Answer>>,
+) {
+    let (requests, answers): (Vec<Request>, Vec<oneshot::Sender<Answer>>) = batch
+        .into_iter()
+        .map(|waiting| (waiting.request, waiting.answer))
+        .unzip();
+    for (answer, result) in answers.into_iter().zip(send(engine, requests).await) {
+        // A sender that gave up (a stopped watchdog) no longer listens.
+        let _ = answer.send(result);
     }
 }
 
@@ -148,7 +177,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn linger_is_a_small_part_of_the_ttl_and_of_the_time_left() {
+    fn a_renewal_lingers_a_small_part_of_the_ttl_and_of_the_time_left() {
         let ms = Duration::from_millis;
         // (ttl, time before giving up, linger)
         let table = [
@@ -162,7 +191,7 @@ mod tests {
         ];
         for (ttl, until_give_up, expected) in table {
             assert_eq!(
-                linger(ttl, until_give_up),
+                renewal_linger(ttl, until_give_up),
                 expected,
                 "ttl {ttl:?}, {until_give_up:?} left"
             );
