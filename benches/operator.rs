@@ -405,7 +405,11 @@ async fn bench(n: usize, minutes: i64, warm_up: bool) {
                 .args(["--metrics-addr", &metrics])
                 .args(["--namespaces", &namespace])
                 .env("KUBECONFIG", cluster.kubeconfig())
-                .env("RUST_LOG", "warn")
+                // `BENCH_RUST_LOG` sets the replicas' log filter (with `BENCH_LOG_DIR`).
+                .env(
+                    "RUST_LOG",
+                    std::env::var("BENCH_RUST_LOG").unwrap_or_else(|_| "warn".to_string()),
+                )
                 .env_remove("LOCKEDJOB_REDIS_URLS")
                 .stdout(Stdio::null())
                 .stderr(match std::env::var_os("BENCH_LOG_DIR") {
