@@ -11,12 +11,10 @@ use super::scripts;
 use super::timing::{backoff, drift_allowance, may_hold_quorum, quorum, validity};
 use crate::metrics::{Metrics, Outcome};
 use futures::future::join_all;
-use futures::stream::{FuturesUnordered, StreamExt};
 use redis::FromRedisValue;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
-use tokio::task::JoinSet;
 
 /// Phase-2 rounds before a token conflict is reported instead of retried.
 const MAX_FENCE_ROUNDS: u32 = 3;
@@ -43,8 +41,6 @@ struct Inner {
     renewals: Batcher<Lease, Result<Instant, LockError>>,
     hints: Batcher<String, Option<(String, Duration)>>,
     holder_reads: Batcher<String, Option<String>>,
-    /// Requests a round stopped waiting for, seen through to their end (`round_until`).
-    stragglers: Mutex<JoinSet<()>>,
 }
 
 /// How long an orphan check's reads (`value_on_any_node`, `current_holder`) wait for others:
@@ -94,6 +90,17 @@ fn lock_seen(
     seen.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
+/// One node's word on a step before a lock attempt ([`Redlock::step_hint`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StepHint {
+    /// The node records the step, or a later one, as started.
+    Started,
+    /// The node stores a value of the lock: someone holds it, or held it a moment ago.
+    Held,
+    /// Neither, or no answer: proves nothing.
+    Unknown,
+}
+
 /// A node's answer to phase 1: granted 0/1, fence before, progress, raised 0/1, and the
 /// current holder where refused.
 type Grant = (i64, Option<u64>, Option<u64>, i64, Option<String>);
@@ -137,7 +144,6 @@ impl Redlock {
                 renewals: Batcher::new(send_renewals as SendBatch<_, _>),
                 hints: Batcher::new(send_hints as SendBatch<_, _>),
                 holder_reads: Batcher::new(send_holder_reads as SendBatch<_, _>),
-                stragglers: Mutex::new(JoinSet::new()),
             }),
         })
     }
@@ -305,18 +311,7 @@ impl Redlock {
             grant.key(progress_key);
         }
         grant.arg(&value).arg(ttl_ms).arg(proposal);
-        // Once a quorum granted and raised the fence, the token is settled (the argument needs
-        // a quorum of replies, not all of them): the nodes still to answer are not waited for.
-        // They count as not refused, so the lease's release reaches them.
-        let quorum = self.inner.quorum;
-        let settled = |replies: &[(usize, Grant)]| {
-            replies
-                .iter()
-                .filter(|(_, (set, _, _, raised, _))| *set == 1 && *raised == 1)
-                .count()
-                >= quorum
-        };
-        let phase1 = self.round_until::<Grant>("acquire", grant, settled).await;
+        let phase1 = self.round::<Grant>("acquire", &grant, None).await;
         let mut failures = phase1.failures;
         let mut held = 0;
         let mut granted = 0;
@@ -347,6 +342,7 @@ impl Redlock {
         }
         self.remember(name, highest_fence);
         let nodes = self.inner.nodes.len();
+        let quorum = self.inner.quorum;
         if granted < quorum {
             // A node whose SET NX answered nil holds no value of ours (the value is new for
             // this attempt), so it needs no delete; every other node does, including those
@@ -469,18 +465,12 @@ impl Redlock {
             if let Some((progress_key, step)) = progress {
                 raise.key(progress_key).arg(*step);
             }
-            let raised_from_below = |replies: &[(usize, i64)]| {
-                replies
-                    .iter()
-                    .filter(|(_, previous)| *previous < token as i64)
-                    .count()
-            };
-            let phase2 = self
-                .round_until::<i64>("fence", raise, |replies| {
-                    raised_from_below(replies) >= quorum
-                })
-                .await;
-            let raised = raised_from_below(&phase2.replies);
+            let phase2 = self.round::<i64>("fence", &raise, None).await;
+            let raised = phase2
+                .replies
+                .iter()
+                .filter(|(_, previous)| *previous < token as i64)
+                .count();
             let seen = phase2.replies.iter().map(|(_, previous)| *previous).max();
             if raised >= quorum {
                 return Ok(token);
@@ -511,10 +501,7 @@ impl Redlock {
     ) -> Result<(), LockError> {
         let mut raise = scripts::PROGRESS.prepare_invoke();
         raise.key(progress_key).arg(step);
-        let quorum = self.inner.quorum;
-        let round = self
-            .round_until::<i64>("progress", raise, |replies| replies.len() >= quorum)
-            .await;
+        let round = self.round::<i64>("progress", &raise, None).await;
         if round.replies.len() < self.inner.quorum {
             return Err(self.no_quorum(name, round.replies.len(), round.failures));
         }
@@ -806,20 +793,32 @@ impl Redlock {
             .collect()
     }
 
-    /// Whether one node (`which`, modulo the node count) records `step`, or a later one, as
-    /// started in the progress register of `register`. One request, for a hint: a node's
-    /// register is raised only by a holder that won the lock to start that step (phase 2), and
-    /// an attempt for `step` takes the largest register it sees, so with `true` the full
-    /// attempt would come back `StepDone` or contended by that holder too. `false` (below,
-    /// absent, no answer) proves nothing.
-    pub async fn step_started_on_node(&self, register: &str, step: u64, which: usize) -> bool {
+    /// What one node (`which`, modulo the node count) says about `step` of the progress
+    /// register `register` under the lock `lock`, before an attempt: one request instead of a
+    /// round (and the releases of a refused one). A node's register is raised only by a holder
+    /// that won the lock to start that step, and an attempt takes the largest register it
+    /// sees, so with `Started` the attempt would come back `StepDone` or held by that runner.
+    /// `Held` (the node stores a lock value) says the attempt would most likely be refused;
+    /// one node is no quorum, so it may also be the leftover of an attempt that failed.
+    pub async fn step_hint(&self, lock: &str, register: &str, step: u64, which: usize) -> StepHint {
         let mut invocation = scripts::GET.prepare_invoke();
-        invocation.key(self.progress_key(register));
-        self.on_node::<Vec<Option<String>>>("step_hint", &invocation, which)
+        invocation
+            .key(self.progress_key(register))
+            .key(self.lock_key(lock));
+        let Some(values) = self
+            .on_node::<Vec<Option<String>>>("step_hint", &invocation, which)
             .await
-            .and_then(|values| values.into_iter().next().flatten())
-            .and_then(|value| value.parse::<u64>().ok())
-            .is_some_and(|started| started >= step)
+        else {
+            return StepHint::Unknown;
+        };
+        let mut values = values.into_iter();
+        let started = values.next().flatten();
+        let held = values.next().flatten();
+        match (started.and_then(|v| v.parse::<u64>().ok()), held) {
+            (Some(started), _) if started >= step => StepHint::Started,
+            (_, Some(_)) => StepHint::Held,
+            _ => StepHint::Unknown,
+        }
     }
 
     /// Sends one invocation to one node (`which`, modulo the node count), bounded like every
@@ -891,64 +890,6 @@ impl Redlock {
         limit: Option<Duration>,
     ) -> Round<T> {
         self.round_except(op, request, limit, &[]).await
-    }
-
-    /// [`round`](Self::round) that stops waiting once the replies so far are `enough`; nodes
-    /// yet to answer are then in neither list. Their requests are seen through in the
-    /// background (`stragglers`), as the caller would have: a request dropped before its
-    /// connection wrote it would not be sent at all, and a lock left off a node it could have
-    /// reached leaves the lease one node failure closer to losing its quorum.
-    async fn round_until<T: FromRedisValue + Send + 'static>(
-        &self,
-        op: &'static str,
-        request: redis::ScriptInvocation<'static>,
-        enough: impl Fn(&[(usize, T)]) -> bool,
-    ) -> Round<T> {
-        if !self.inner.parallel {
-            return self.round(op, &request, None).await;
-        }
-        let limit = self.inner.config.request_timeout;
-        let count = self.inner.nodes.len();
-        self.inner.metrics.record_redis_requests(op, count);
-        let request = Arc::new(request);
-        let mut pending: FuturesUnordered<_> = (0..count)
-            .map(|index| {
-                let (engine, request) = (self.clone(), Arc::clone(&request));
-                async move {
-                    let node = &engine.inner.nodes[index];
-                    (index, node.run_within::<T>(&request, limit).await)
-                }
-            })
-            .collect();
-        let mut round = Round {
-            replies: Vec::with_capacity(count),
-            failures: Vec::new(),
-        };
-        while let Some((index, result)) = pending.next().await {
-            match result {
-                Ok(value) => round.replies.push((index, value)),
-                Err(kind) => round.failures.push(self.failure(index, kind)),
-            }
-            if enough(&round.replies) {
-                if !pending.is_empty() {
-                    self.see_through(async move { while pending.next().await.is_some() {} });
-                }
-                break;
-            }
-        }
-        round
-    }
-
-    /// Runs requests a round stopped waiting for to their end (each bounded by the request
-    /// timeout) in tasks the engine owns: dropping the engine aborts them.
-    fn see_through(&self, requests: impl std::future::Future<Output = ()> + Send + 'static) {
-        let mut stragglers = self
-            .inner
-            .stragglers
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        while stragglers.try_join_next().is_some() {}
-        stragglers.spawn(requests);
     }
 
     /// [`round`](Self::round) on every node not marked in `skip`.

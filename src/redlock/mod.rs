@@ -18,7 +18,7 @@ pub use config::{
     DEFAULT_CONNECT_TIMEOUT, DEFAULT_DRIFT_FACTOR, DEFAULT_KEY_PREFIX, DEFAULT_REQUEST_TIMEOUT,
     DEFAULT_TTL,
 };
-pub use engine::Redlock;
+pub use engine::{Redlock, StepHint};
 pub use error::{ConfigError, LockError, NodeErrorKind, NodeFailure};
 pub use inspect::{LockView, NodeView};
 pub use lease::Lease;

@@ -15,6 +15,7 @@ use super::jobs::{backfill_job_name, job_name, manual_job_name, Origin};
 use super::runs::RunKey;
 use super::Context;
 use crate::api::{LockedJob, ValidSpec};
+use crate::redlock::StepHint;
 use crate::schedule::BackfillRange;
 use jiff::Timestamp;
 use kube::ResourceExt;
@@ -144,17 +145,36 @@ pub async fn start(
                 return;
             }
             // Not in the cache (yet: under load the winner's create and this replica's watch
-            // take seconds). One node's progress register is the next cheapest word: if it
-            // has this time, a winner started it, and the full attempt would only lose.
-            if started_elsewhere(&ctx, &valid, &kind, scheduled)
+            // take seconds). One node is the next cheapest word: if it has this time as
+            // started, a winner started it; if it stores a lock value, the lock is held, by
+            // this time's winner before it recorded the run or by an earlier run still
+            // releasing. Either way the full attempt would only lose.
+            match step_hint(&ctx, &valid, &kind, scheduled)
                 .instrument(span.clone())
                 .await
             {
-                span.in_scope(|| {
-                    tracing::debug!("a node records this time as started: not trying for the lock")
-                });
-                settled.set(key, Instant::now() + ttl);
-                return;
+                StepHint::Started => {
+                    span.in_scope(|| {
+                        tracing::debug!(
+                            "a node records this time as started: not trying for the lock"
+                        )
+                    });
+                    settled.set(key, Instant::now() + ttl);
+                    return;
+                }
+                // As for `Contended` below. A value one node keeps from an attempt that failed
+                // costs this replica a TTL at most, and only when the replica that tried first
+                // (it does not hold back) did not take the time.
+                StepHint::Held => {
+                    span.in_scope(|| {
+                        tracing::debug!(
+                            "a node shows the lock held: trying again when the last run changes"
+                        )
+                    });
+                    settled.set_until_changed(key, Instant::now() + ttl, last_run);
+                    return;
+                }
+                StepHint::Unknown => {}
             }
         }
         // Boxed, as the supervision below, and only once this task has a lock-attempt slot:
@@ -198,22 +218,22 @@ pub async fn start(
     }
 }
 
-/// Whether one node (a random one) records `scheduled` as started in the register this kind of
-/// run steps (the schedule's or a backfill's): one request instead of a lock attempt of one
-/// per node (and the releases of a split one), for the replicas that held back and lost.
-/// A manual run has no step.
-async fn started_elsewhere(
+/// One node's (a random one's) word on `scheduled` in the register this kind of run steps (the
+/// schedule's or a backfill's) and on the lock: one request instead of a lock attempt of one
+/// per node (and the releases of a split one), for the replicas that held back. A manual run
+/// has no step and asks nothing.
+async fn step_hint(
     ctx: &Context,
     valid: &ValidSpec,
     kind: &RunKind,
     scheduled: Timestamp,
-) -> bool {
+) -> StepHint {
     let Some(register) = kind.step_register(&valid.lock_name) else {
-        return false;
+        return StepHint::Unknown;
     };
     let node = rand::random::<u32>() as usize;
     ctx.engine
-        .step_started_on_node(&register, step_of(scheduled), node)
+        .step_hint(&valid.lock_name, &register, step_of(scheduled), node)
         .await
 }
 
