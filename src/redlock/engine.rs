@@ -548,14 +548,23 @@ impl Redlock {
     /// What the watchdog calls: with hundreds of leases in work, each node then sees about one
     /// request per round of renewals instead of one per lease (docs/design.md, "Renewal").
     pub async fn renew(&self, lease: &Lease, linger: Duration) -> Result<Instant, LockError> {
-        let reply = self
-            .inner
-            .renewals
-            .enqueue(lease.clone(), linger, || self.downgrade());
-        match reply.await {
-            Ok(result) => result,
-            // The renewal task is gone (only while the engine is being dropped): renew alone.
-            Err(_) => self.extend(lease).await,
+        let renewals = &self.inner.renewals;
+        self.in_shared_round(renewals, lease.clone(), linger, self.extend(lease))
+            .await
+    }
+
+    /// Queues `request` on `batcher` for a shared round; when the batcher's task is gone (only
+    /// while the engine is being dropped), answers with `alone` instead.
+    async fn in_shared_round<Request: Send + 'static, Answer: Send + 'static>(
+        &self,
+        batcher: &Batcher<Request, Answer>,
+        request: Request,
+        linger: Duration,
+        alone: impl std::future::Future<Output = Answer>,
+    ) -> Answer {
+        match batcher.enqueue(request, linger, || self.downgrade()).await {
+            Ok(answer) => answer,
+            Err(_) => alone.await,
         }
     }
 
@@ -712,14 +721,10 @@ impl Redlock {
     /// nodes store, or `None` when no value has a majority. Waits a moment (250 ms) for other
     /// reads to share the round.
     pub async fn current_holder(&self, name: &str) -> Option<String> {
-        let reply = self
-            .inner
-            .holder_reads
-            .enqueue(name.to_string(), READ_LINGER, || self.downgrade());
-        match reply.await {
-            Ok(holder) => holder,
-            Err(_) => self.current_holders(&[name.to_string()]).await.pop()?,
-        }
+        let alone = async { self.current_holders(&[name.to_string()]).await.pop()? };
+        let reads = &self.inner.holder_reads;
+        self.in_shared_round(reads, name.to_string(), READ_LINGER, alone)
+            .await
     }
 
     /// [`Redlock::current_holder`] of each of `names`, in one round.
@@ -758,17 +763,10 @@ impl Redlock {
     /// [`Redlock::value_on_node`] on a node picked at random per round, waiting a moment
     /// (250 ms) for other hints to share the request.
     pub async fn value_on_any_node(&self, name: &str) -> Option<(String, Duration)> {
-        let reply = self
-            .inner
-            .hints
-            .enqueue(name.to_string(), READ_LINGER, || self.downgrade());
-        match reply.await {
-            Ok(hint) => hint,
-            Err(_) => {
-                self.value_on_node(name, rand::random::<u32>() as usize)
-                    .await
-            }
-        }
+        let alone = self.value_on_node(name, rand::random::<u32>() as usize);
+        let hints = &self.inner.hints;
+        self.in_shared_round(hints, name.to_string(), READ_LINGER, alone)
+            .await
     }
 
     /// [`Redlock::value_on_node`] of each of `names`, in one request.
