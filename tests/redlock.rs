@@ -3,7 +3,8 @@
 mod support;
 
 use lockedjob::redlock::{
-    LeaseTiming, LockError, NodeErrorKind, Redlock, RedlockConfig, StepHint, Watchdog, WatchdogEnd,
+    Lease, LeaseTiming, LockError, NodeErrorKind, Redlock, RedlockConfig, StepHint, Watchdog,
+    WatchdogEnd,
 };
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
@@ -25,6 +26,19 @@ fn engine_with_timeout(urls: Vec<String>, holder: &str, request_timeout: Duratio
     config.retry_base_delay = Duration::from_millis(5);
     config.retry_max_delay = Duration::from_millis(50);
     Redlock::new(config).expect("valid engine config")
+}
+
+/// Takes locks `job-0` .. `job-{count - 1}` for a minute each.
+async fn acquire_jobs(engine: &Redlock, count: usize) -> Vec<Lease> {
+    let mut leases = Vec::with_capacity(count);
+    for job in 0..count {
+        let lease = engine
+            .try_acquire(&format!("job-{job}"), 60 * SECOND)
+            .await
+            .expect("acquire");
+        leases.push(lease);
+    }
+    leases
 }
 
 /// Blocking harness calls (kill, restart) from async tests.
@@ -170,14 +184,7 @@ async fn orphan_check_reads_share_a_round_and_answer_for_their_own_lock() {
     config.holder = "test/a".to_string();
     // One node after the other, each waited for: every node holds the locks before the reads.
     let holder = Redlock::new_sequential(config).expect("valid engine config");
-    let mut leases = Vec::new();
-    for job in 0..5 {
-        let lease = holder
-            .try_acquire(&format!("job-{job}"), 60 * SECOND)
-            .await
-            .expect("acquire");
-        leases.push(lease);
-    }
+    let leases = acquire_jobs(&holder, 5).await;
     let reader = engine(nodes.urls(), "test/b");
     let names: Vec<String> = (0..10).map(|job| format!("job-{job}")).collect();
     let (hints, holders) = tokio::join!(
@@ -868,14 +875,7 @@ fn fence_requests(engine: &Redlock) -> u64 {
 async fn renewals_share_a_round_and_each_lease_keeps_its_own_answer() {
     let nodes = RedisNodes::start(3, Persistence::None).expect("start redis-server");
     let engine = engine(nodes.urls(), "a");
-    let mut leases = Vec::new();
-    for job in 0..20 {
-        let lease = engine
-            .try_acquire(&format!("job-{job}"), 60 * SECOND)
-            .await
-            .expect("acquire");
-        leases.push(lease);
-    }
+    let leases = acquire_jobs(&engine, 20).await;
     for node in &nodes.nodes {
         let _: i64 = node.query(&["DEL", "lockedjob:lock:job-7"]);
     }

@@ -74,7 +74,7 @@ fn send_holder_reads(
     Box::pin(async move { engine.current_holders(&names).await })
 }
 
-/// The engine without keeping it alive: what its own renewal task holds.
+/// The engine without keeping it alive: what its batching tasks (`batch.rs`) hold.
 pub(super) struct WeakRedlock(Weak<Inner>);
 
 impl WeakRedlock {

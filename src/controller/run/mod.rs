@@ -131,23 +131,18 @@ pub async fn start(
         // the cache, and its supervisor, which looks every 500 ms, has not released yet):
         // an attempt now would be refused by our own lease. Try again once that run's end
         // shows in the status, as after `Contended`.
-        let previous_job = lj
-            .status
-            .as_ref()
-            .and_then(|s| s.last_run.as_ref())
-            .map(|r| (namespace.clone(), r.job_name.clone()));
-        if previous_job.is_some_and(|job| ctx.runs.is_supervised(&job)) {
+        let previous = lj.status.as_ref().and_then(|s| s.last_run.as_ref());
+        if previous.is_some_and(|r| {
+            ctx.runs
+                .is_supervised(&(namespace.clone(), r.job_name.clone()))
+        }) {
             span.in_scope(|| {
                 tracing::debug!("the last run still holds the lock here; trying again when it ends")
             });
             settled.set_until_changed(key, Instant::now() + ttl, last_run);
             return;
         }
-        let last_holder = lj
-            .status
-            .as_ref()
-            .and_then(|s| s.last_run.as_ref())
-            .map(|r| r.holder.as_str());
+        let last_holder = previous.map(|r| r.holder.as_str());
         if holds_back(last_holder, &ctx.holder, manual) {
             tokio::select! {
                 _ = ctx.shutdown.cancelled() => return,
