@@ -41,11 +41,37 @@ fn last_run_tag(lj: &LockedJob) -> u64 {
 /// Redlock still decides; this only saves the losers' rounds.
 pub const HEAD_START: Duration = Duration::from_secs(2);
 
-/// Whether this replica (`holder`) holds back before trying for a scheduled time: yes when
-/// another runner ran the LockedJob's last run. Nobody waits for the first run, or for a
-/// manual one (the annotation asks for now).
-pub fn holds_back(last_holder: Option<&str>, holder: &str, manual: bool) -> bool {
-    !manual && last_holder.is_some_and(|last| last != holder)
+/// Whether this replica (`holder`) holds back before trying for a scheduled time, and how.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HoldBack {
+    /// This replica ran the LockedJob's last run, or the run was asked for now (the
+    /// annotation): it tries at once.
+    No,
+    /// Another runner ran the last run and tries first: wait [`HEAD_START`].
+    HeadStart,
+    /// Nobody has run the LockedJob yet, so nobody is named to go first: wait a random part
+    /// of [`HEAD_START`], and the replica that drew the shortest wait usually goes alone.
+    Spread,
+}
+
+impl HoldBack {
+    pub fn decide(last_holder: Option<&str>, holder: &str, manual: bool) -> Self {
+        match last_holder {
+            _ if manual => HoldBack::No,
+            None => HoldBack::Spread,
+            Some(last) if last == holder => HoldBack::No,
+            Some(_) => HoldBack::HeadStart,
+        }
+    }
+
+    /// How long to wait: `draw` is a random number in [0, 1), used by `Spread` only.
+    pub fn pause(self, draw: f64) -> Duration {
+        match self {
+            HoldBack::No => Duration::ZERO,
+            HoldBack::HeadStart => HEAD_START,
+            HoldBack::Spread => HEAD_START.mul_f64(draw.clamp(0.0, 1.0)),
+        }
+    }
 }
 
 /// What starts a run.
@@ -143,61 +169,36 @@ pub async fn start(
             return;
         }
         let last_holder = previous.map(|r| r.holder.as_str());
-        if holds_back(last_holder, &ctx.holder, manual) {
+        let hold_back = HoldBack::decide(last_holder, &ctx.holder, manual);
+        if hold_back != HoldBack::No {
             tokio::select! {
                 _ = ctx.shutdown.cancelled() => return,
-                _ = tokio::time::sleep(HEAD_START) => {}
-            }
-            // The Job's name is the same in every replica of this cluster: once it is in the
-            // cache, the last holder took this time.
-            let job = kind.job_name(&valid, &name, scheduled);
-            if ctx.cached_job(&namespace, &job).is_some() {
-                settled.set(key, Instant::now() + ttl);
-                return;
-            }
-            // Not in the cache (yet: under load the winner's create and this replica's watch
-            // take seconds). One node is the next cheapest word: if it has this time as
-            // started, a winner started it; if it stores a lock value, the lock is held, by
-            // this time's winner before it recorded the run or by an earlier run still
-            // releasing. Either way the full attempt would only lose.
-            match step_hint(&ctx, &valid, &kind, scheduled)
-                .instrument(span.clone())
-                .await
-            {
-                StepHint::Started => {
-                    span.in_scope(|| {
-                        tracing::debug!(
-                            "a node records this time as started: not trying for the lock"
-                        )
-                    });
-                    settled.set(key, Instant::now() + ttl);
-                    return;
-                }
-                // As for `Contended` below. A value one node keeps from an attempt that failed
-                // costs this replica a TTL at most, and only when the replica that tried first
-                // (it does not hold back) did not take the time.
-                StepHint::Held => {
-                    span.in_scope(|| {
-                        tracing::debug!(
-                            "a node shows the lock held: trying again when the last run changes"
-                        )
-                    });
-                    settled.set_until_changed(key, Instant::now() + ttl, last_run);
-                    return;
-                }
-                StepHint::Unknown => {}
+                _ = tokio::time::sleep(hold_back.pause(rand::random())) => {}
             }
         }
         // Boxed, as the supervision below, and only once this task has a lock-attempt slot:
-        // the tasks waiting out HEAD_START or for a slot (most of a minute's tasks at the top
-        // of the minute) then hold a small future, not every stage's state (10 KB a task,
+        // the tasks waiting out their hold-back or for a slot (most of a minute's tasks at the
+        // top of the minute) then hold a small future, not every stage's state (10 KB a task,
         // thousands of tasks at 1,000 LockedJobs).
-        match ctx.lock_attempts.acquire().await {
-            Ok(attempt) => {
+        let Ok(attempt) = ctx.lock_attempts.acquire().await else {
+            return; // Never closed.
+        };
+        // Looked at with the slot in hand, not before queueing for it: under load the queue
+        // takes seconds, in which the replica that went first has most often taken the lock.
+        let taken = match hold_back {
+            HoldBack::No => None,
+            _ => {
+                taken_elsewhere(&ctx, &valid, &kind, &namespace, &name, scheduled)
+                    .instrument(span.clone())
+                    .await
+            }
+        };
+        match taken {
+            Some(outcome) => Err(outcome),
+            None => {
                 let launch = launch::launch(&ctx, &lj, &valid, scheduled, kind, attempt);
                 Box::pin(launch.instrument(span.clone())).await
             }
-            Err(_) => Err(NotStarted::Failed),
         }
     };
     match launched {
@@ -229,23 +230,46 @@ pub async fn start(
     }
 }
 
-/// One node's (a random one's) word on `scheduled` in the register this kind of run steps (the
-/// schedule's or a backfill's) and on the lock: one request instead of a lock attempt of one
-/// per node (and the releases of a split one), for the replicas that held back. A manual run
-/// has no step and asks nothing.
-async fn step_hint(
+/// For a replica that held back: whether the time is already taken, by the cheapest words
+/// first. The Job's name is the same in every replica of this cluster: once it is in the
+/// cache, a winner took this time (`RunningElsewhere`). Not in the cache (yet: under load the
+/// winner's create and this replica's watch take seconds), one node, a random one, is the next
+/// cheapest word: if it has this time as started, a winner started it (`RunningElsewhere`);
+/// if it stores a lock value, the lock is held, by this time's winner before it recorded the
+/// run or by an earlier run still releasing (`Contended`; a value one node keeps from an
+/// attempt that failed costs this replica a TTL at most, and only when the replica that went
+/// first did not take the time either). Either way the full attempt would only lose. `None`:
+/// try.
+async fn taken_elsewhere(
     ctx: &Context,
     valid: &ValidSpec,
     kind: &RunKind,
+    namespace: &str,
+    name: &str,
     scheduled: Timestamp,
-) -> StepHint {
-    let Some(register) = kind.step_register(&valid.lock_name) else {
-        return StepHint::Unknown;
-    };
+) -> Option<NotStarted> {
+    let job = kind.job_name(valid, name, scheduled);
+    if ctx.cached_job(namespace, &job).is_some() {
+        return Some(NotStarted::RunningElsewhere);
+    }
+    // A manual run has no step; it never holds back, so it does not come here.
+    let register = kind.step_register(&valid.lock_name)?;
     let node = rand::random::<u32>() as usize;
-    ctx.engine
+    let hint = ctx
+        .engine
         .step_hint(&valid.lock_name, &register, step_of(scheduled), node)
-        .await
+        .await;
+    match hint {
+        StepHint::Started => {
+            tracing::debug!("a node records this time as started: not trying for the lock");
+            Some(NotStarted::RunningElsewhere)
+        }
+        StepHint::Held => {
+            tracing::debug!("a node shows the lock held: trying again when the last run changes");
+            Some(NotStarted::Contended)
+        }
+        StepHint::Unknown => None,
+    }
 }
 
 /// A scheduled time as the lock's progress step: unix milliseconds (none before 1970).
@@ -279,43 +303,79 @@ enum NotStarted {
 
 #[cfg(test)]
 mod tests {
-    use super::holds_back;
+    use super::{HoldBack, HEAD_START};
+    use std::time::Duration;
 
     #[test]
     fn the_last_runs_holder_tries_first_and_the_others_hold_back() {
+        use HoldBack::*;
+        // (last run's holder, this replica, run-now, decision, what)
         let table = [
             (
                 Some("east/r1"),
                 "east/r1",
                 false,
-                false,
+                No,
                 "ran the last time: goes at once",
             ),
             (
                 Some("east/r1"),
                 "east/r2",
                 false,
-                true,
-                "another replica ran it: waits",
+                HeadStart,
+                "another replica ran it",
             ),
             (
                 Some("west/r1"),
                 "east/r1",
                 false,
-                true,
-                "another cluster ran it: waits",
+                HeadStart,
+                "another cluster ran it",
             ),
-            (None, "east/r2", false, false, "never ran: everyone races"),
+            (
+                None,
+                "east/r2",
+                false,
+                Spread,
+                "never ran: a random part of the head start",
+            ),
             (
                 Some("east/r1"),
                 "east/r2",
                 true,
-                false,
+                No,
                 "run-now: nobody waits",
+            ),
+            (
+                None,
+                "east/r2",
+                true,
+                No,
+                "run-now of a new LockedJob: nobody waits",
             ),
         ];
         for (last, me, manual, expected, what) in table {
-            assert_eq!(holds_back(last, me, manual), expected, "{what}");
+            assert_eq!(HoldBack::decide(last, me, manual), expected, "{what}");
+        }
+    }
+
+    #[test]
+    fn only_a_first_run_draws_its_pause() {
+        use HoldBack::*;
+        let ms = Duration::from_millis;
+        // (decision, draw in [0, 1), pause)
+        let table = [
+            (No, 0.7, Duration::ZERO),
+            (HeadStart, 0.0, HEAD_START),
+            (HeadStart, 0.7, HEAD_START),
+            (Spread, 0.0, Duration::ZERO),
+            (Spread, 0.25, ms(500)),
+            (Spread, 0.999, ms(1_998)),
+            // Out of range is held to the head start.
+            (Spread, 7.0, HEAD_START),
+        ];
+        for (decision, draw, expected) in table {
+            assert_eq!(decision.pause(draw), expected, "{decision:?} {draw}");
         }
     }
 }
