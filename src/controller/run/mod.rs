@@ -188,7 +188,7 @@ pub async fn start(
         let taken = match hold_back {
             HoldBack::No => None,
             _ => {
-                taken_elsewhere(&ctx, &valid, &kind, &namespace, &name, scheduled)
+                taken_elsewhere(&ctx, hold_back, &valid, &kind, &namespace, &name, scheduled)
                     .instrument(span.clone())
                     .await
             }
@@ -240,8 +240,14 @@ pub async fn start(
 /// attempt that failed costs this replica a TTL at most, and only when the replica that went
 /// first did not take the time either). Either way the full attempt would only lose. `None`:
 /// try.
+///
+/// Before this cluster's first run (`HoldBack::Spread`) a started time is tried all the same:
+/// nobody here may have won it (another cluster sharing the lock did), and the full attempt's
+/// `StepDone` is what records it in this cluster's status (`lastScheduleTime`, a backfill's
+/// progress). The replica named in `lastRun` records it otherwise.
 async fn taken_elsewhere(
     ctx: &Context,
+    hold_back: HoldBack,
     valid: &ValidSpec,
     kind: &RunKind,
     namespace: &str,
@@ -260,6 +266,10 @@ async fn taken_elsewhere(
         .step_hint(&valid.lock_name, &register, step_of(scheduled), node)
         .await;
     match hint {
+        StepHint::Started if hold_back == HoldBack::Spread => {
+            tracing::debug!("a node records this time as started; trying to record it here");
+            None
+        }
         StepHint::Started => {
             tracing::debug!("a node records this time as started: not trying for the lock");
             Some(NotStarted::RunningElsewhere)
