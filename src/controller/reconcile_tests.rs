@@ -23,16 +23,16 @@ use tokio_util::task::TaskTracker;
 
 /// One request the operator made.
 #[derive(Debug, Clone)]
-struct Seen {
+pub(super) struct Seen {
     method: String,
     path: String,
     body: Value,
 }
 
-type Answer = Box<dyn Fn(&Seen) -> (u16, Value) + Send>;
+pub(super) type Answer = Box<dyn Fn(&Seen) -> (u16, Value) + Send>;
 
 /// A scripted API server: answers each request with `answer`, and records it.
-fn api_server(answer: Answer) -> (kube::Client, Arc<Mutex<Vec<Seen>>>) {
+pub(super) fn api_server(answer: Answer) -> (kube::Client, Arc<Mutex<Vec<Seen>>>) {
     let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
     let seen = Arc::new(Mutex::new(Vec::new()));
     let record = Arc::clone(&seen);
@@ -72,10 +72,21 @@ async fn requests(ctx: &Context, seen: &Arc<Mutex<Vec<Seen>>>) -> Vec<Seen> {
 /// A context on the mocked API server, with `jobs` in its Job cache and three Redis nodes
 /// that refuse every connection.
 fn context(client: kube::Client, jobs: Vec<Job>) -> Arc<Context> {
-    let mut config =
-        RedlockConfig::new((1..=3).map(|i| format!("redis://127.0.0.1:{i}")).collect());
-    config.request_timeout = Duration::from_millis(20);
-    config.connect_timeout = Duration::from_millis(20);
+    let refusing = (1..=3).map(|i| format!("redis://127.0.0.1:{i}")).collect();
+    context_on(client, jobs, refusing, Duration::from_millis(20))
+}
+
+/// A context of the replica `test/r0` on the mocked API server, with `jobs` in its Job cache
+/// and the Redis nodes at `urls`.
+pub(super) fn context_on(
+    client: kube::Client,
+    jobs: Vec<Job>,
+    urls: Vec<String>,
+    timeout: Duration,
+) -> Arc<Context> {
+    let mut config = RedlockConfig::new(urls);
+    config.request_timeout = timeout;
+    config.connect_timeout = timeout;
     config.holder = "test/r0".into();
     let metrics = Metrics::new();
     let engine = Redlock::with_metrics(config, metrics.clone()).expect("engine config");
@@ -103,7 +114,7 @@ fn context(client: kube::Client, jobs: Vec<Job>) -> Arc<Context> {
 }
 
 /// A LockedJob every second (always due), with the finalizer, `extra` merged in.
-fn locked_job(extra: Value) -> LockedJob {
+pub(super) fn locked_job(extra: Value) -> LockedJob {
     let mut value = json!({
         "apiVersion": "lockedjob.dev/v1alpha1", "kind": "LockedJob",
         "metadata": {"name": "report", "namespace": "team-a", "uid": "u-1", "generation": 1,

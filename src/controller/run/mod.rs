@@ -300,6 +300,7 @@ pub(super) fn jittered(pause: Duration) -> Duration {
 }
 
 /// Why this replica did not start a run.
+#[derive(Debug, PartialEq, Eq)]
 enum NotStarted {
     /// Another runner holds the lock and has started this very time.
     RunningElsewhere,
@@ -313,8 +314,76 @@ enum NotStarted {
 
 #[cfg(test)]
 mod tests {
-    use super::{HoldBack, HEAD_START};
+    use super::{step_of, taken_elsewhere, HoldBack, NotStarted, RunKind, HEAD_START};
+    use crate::api::validate;
+    use crate::controller::jobs::job_name;
+    use crate::controller::reconcile_tests::{api_server, context_on, locked_job};
+    use crate::lab::harness::{Persistence, RedisNodes};
+    use crate::redlock::{Redlock, RedlockConfig};
+    use jiff::Timestamp;
+    use k8s_openapi::api::batch::v1::Job;
+    use serde_json::json;
     use std::time::Duration;
+
+    /// What a replica that held back makes of a time, against real nodes: left alone when the
+    /// Job is cached, the lock held, or (once this cluster has a last run) a node records the
+    /// time as started; tried before this cluster's first run even then, so that the attempt
+    /// records a time another cluster ran.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_held_back_replica_leaves_a_taken_time_alone_but_a_first_run_records_it() {
+        use HoldBack::{HeadStart, Spread};
+        let nodes = RedisNodes::start(3, Persistence::None).expect("start redis-server");
+        let lj = locked_job(json!({}));
+        let valid = validate("team-a", "report", &lj.spec).expect("valid spec");
+        let lock = valid.lock_name.clone();
+        let scheduled = Timestamp::from_second(1_800_000_000).expect("time");
+        let earlier = Timestamp::from_second(1_800_000_000 - 1).expect("time");
+        let kind = RunKind::Scheduled {
+            replace: Vec::new(),
+        };
+        let (client, _) = api_server(Box::new(|_| (404, json!({}))));
+        let ctx = context_on(client, Vec::new(), nodes.urls(), Duration::from_secs(2));
+        let job: Job = serde_json::from_value(json!({"metadata": {
+            "name": job_name("report", scheduled, true), "namespace": "team-a"}}))
+        .expect("job");
+        let (client, _) = api_server(Box::new(|_| (404, json!({}))));
+        let cached = context_on(client, vec![job], nodes.urls(), Duration::from_secs(2));
+        let mut config = RedlockConfig::new(nodes.urls());
+        config.holder = "other/r1".into();
+        let other = Redlock::new(config).expect("engine");
+        let ttl = Duration::from_secs(30);
+        let look = |ctx, hold_back| {
+            let (valid, kind) = (&valid, &kind);
+            async move {
+                taken_elsewhere(ctx, hold_back, valid, kind, "team-a", "report", scheduled).await
+            }
+        };
+
+        // Nothing anywhere: try.
+        assert_eq!(look(&ctx, HeadStart).await, None);
+        assert_eq!(look(&ctx, Spread).await, None);
+        // The Job is in the cache: its winner runs it.
+        let elsewhere = Some(NotStarted::RunningElsewhere);
+        assert_eq!(look(&cached, HeadStart).await, elsewhere);
+        assert_eq!(look(&cached, Spread).await, elsewhere);
+        // An earlier time's run holds the lock: wait for it.
+        let held = other
+            .try_acquire_step(&lock, ttl, step_of(earlier))
+            .await
+            .expect("another runner takes the lock");
+        assert_eq!(look(&ctx, HeadStart).await, Some(NotStarted::Contended));
+        assert_eq!(look(&ctx, Spread).await, Some(NotStarted::Contended));
+        other.release(&held).await;
+        // Another runner started this time and is done: skipped once this cluster has a last
+        // run, tried before its first.
+        let ran = other
+            .try_acquire_step(&lock, ttl, step_of(scheduled))
+            .await
+            .expect("another runner takes this time");
+        other.release(&ran).await;
+        assert_eq!(look(&ctx, HeadStart).await, elsewhere);
+        assert_eq!(look(&ctx, Spread).await, None);
+    }
 
     #[test]
     fn the_last_runs_holder_tries_first_and_the_others_hold_back() {
