@@ -5,11 +5,15 @@
 FROM rust:1-bookworm AS build
 WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
-# The workspace's other member (test support, never built here) only needs to exist.
+# The workspace's other members (test support and dev tools, never built here) only need their
+# manifests and empty targets; tests/image.rs checks this list against Cargo.toml.
 COPY localcluster/Cargo.toml localcluster/
-RUN mkdir -p localcluster/src \
- && touch localcluster/src/lib.rs \
- && echo 'fn main() {}' > localcluster/src/main.rs
+COPY quickstart/Cargo.toml quickstart/
+RUN for member in localcluster quickstart; do \
+      mkdir -p "$member/src" \
+      && touch "$member/src/lib.rs" \
+      && echo 'fn main() {}' > "$member/src/main.rs"; \
+    done
 # Empty targets with the real manifest: `cargo build` compiles and caches every dependency.
 RUN mkdir -p src benches \
  && echo 'fn main() {}' > src/main.rs \

@@ -7,14 +7,12 @@
 //! [`EXIT_SPAWN_FAILED`] when the command could not be started.
 
 use crate::api::{ENV_FENCING_TOKEN, ENV_HOLDER, ENV_LOCK_NAME};
+use crate::child::{self, Signals};
 use crate::options::{parse_duration, RedisOptions};
-use crate::redlock::{LeaseTiming, LockError, Redlock, Watchdog, DEFAULT_TTL};
-use nix::sys::signal::{killpg, Signal};
-use nix::unistd::Pid;
+use crate::redlock::{Lease, LeaseStatus, LeaseTiming, LockError, Redlock, Watchdog, DEFAULT_TTL};
 use std::process::ExitStatus;
-use std::time::{Duration, Instant};
-use tokio::process::{Child, Command};
-use tokio::signal::unix::{signal, SignalKind};
+use std::time::Duration;
+use tokio::process::Command;
 use tracing::Instrument;
 
 /// Bad usage or configuration (sysexits EX_USAGE).
@@ -57,12 +55,7 @@ pub struct ExecArgs {
 
 impl ExecArgs {
     fn timing(&self) -> LeaseTiming {
-        let defaults = LeaseTiming::from_ttl(self.ttl);
-        LeaseTiming {
-            ttl: self.ttl,
-            renew_interval: self.renew_interval.unwrap_or(defaults.renew_interval),
-            safety_margin: self.safety_margin.unwrap_or(defaults.safety_margin),
-        }
+        LeaseTiming::from_ttl_or(self.ttl, self.renew_interval, self.safety_margin)
     }
 }
 
@@ -80,16 +73,6 @@ impl Default for ExecArgs {
         }
     }
 }
-
-/// Signals passed on to the command's process group.
-const FORWARDED: [SignalKind; 6] = [
-    SignalKind::terminate(),
-    SignalKind::interrupt(),
-    SignalKind::hangup(),
-    SignalKind::quit(),
-    SignalKind::user_defined1(),
-    SignalKind::user_defined2(),
-];
 
 /// Runs `exec` and returns the process exit code.
 pub async fn run(args: ExecArgs) -> i32 {
@@ -115,21 +98,14 @@ pub async fn run(args: ExecArgs) -> i32 {
 }
 
 async fn run_locked(engine: Redlock, args: ExecArgs, timing: LeaseTiming) -> i32 {
-    // Install handlers before acquiring, so a signal during the wait is not lost.
-    let mut signals = Vec::new();
-    for kind in FORWARDED {
-        match signal(kind) {
-            Ok(stream) => signals.push((kind, stream)),
-            Err(e) => tracing::warn!(error = %e, "cannot watch a signal"),
-        }
-    }
-
+    // Watch before acquiring, so a signal during the wait is not lost.
+    let mut signals = Signals::watch();
     let acquired = if args.wait.is_zero() {
         engine.try_acquire(&args.lock, timing.ttl).await
     } else {
         tokio::select! {
             result = engine.acquire(&args.lock, timing.ttl, Some(args.wait)) => result,
-            kind = next_signal(&mut signals) => {
+            kind = signals.next() => {
                 eprintln!("lockedjob exec: interrupted while waiting for the lock");
                 return 128 + kind.as_raw_value();
             }
@@ -152,118 +128,122 @@ async fn run_locked(engine: Redlock, args: ExecArgs, timing: LeaseTiming) -> i32
         validity_ms = lease.remaining().as_millis() as u64,
         "lock acquired"
     );
-
-    let mut child = match spawn_child(&args, &lease) {
-        Ok(child) => child,
-        Err(e) => {
+    let work = Work {
+        command: &args.command,
+        kill_grace: args.kill_grace,
+        timing,
+    };
+    match work.run(&engine, lease, &mut signals, |_| {}).await {
+        Ran::Finished(status) => {
+            let code = child::exit_code(status);
+            tracing::info!(code, "command finished; lock released");
+            code
+        }
+        Ran::LeaseLost => {
+            eprintln!(
+                "lockedjob exec: lease on {:?} lost (no Redis quorum renewed it); the command was stopped",
+                args.lock
+            );
+            EXIT_LEASE_LOST
+        }
+        Ran::NotStarted(e) => {
             eprintln!("lockedjob exec: cannot start {:?}: {e}", args.command[0]);
-            engine.release(&lease).await;
-            return EXIT_SPAWN_FAILED;
+            EXIT_SPAWN_FAILED
         }
-    };
-    let child_group = child.id().map(|pid| Pid::from_raw(pid as i32));
-    let watchdog = Watchdog::spawn(engine.clone(), lease, timing);
-    let lost = watchdog.lost();
-
-    let status = loop {
-        tokio::select! {
-            status = child.wait() => break status,
-            kind = next_signal(&mut signals) => {
-                tracing::info!(signal = kind.as_raw_value(), "forwarding signal to the command");
-                send(child_group, signal_of(kind));
-            }
-            _ = lost.cancelled() => {
-                let deadline = watchdog.status().deadline;
-                break stop_child(&mut child, child_group, deadline, args.kill_grace, timing.safety_margin).await;
-            }
-        }
-    };
-
-    let lease_held = watchdog.release(&engine).await;
-    if !lease_held {
-        eprintln!(
-            "lockedjob exec: lease on {:?} lost (no Redis quorum renewed it); the command was stopped",
-            args.lock
-        );
-        return EXIT_LEASE_LOST;
-    }
-    match status {
-        Ok(status) => {
-            tracing::info!(code = exit_code(status), "command finished; lock released");
-            exit_code(status)
-        }
-        Err(e) => {
+        Ran::WaitFailed(e) => {
             eprintln!("lockedjob exec: waiting for the command failed: {e}");
             EXIT_SPAWN_FAILED
         }
     }
 }
 
-fn spawn_child(args: &ExecArgs, lease: &crate::redlock::Lease) -> std::io::Result<Child> {
-    let mut command = Command::new(&args.command[0]);
-    command
-        .args(&args.command[1..])
-        .env(ENV_FENCING_TOKEN, lease.token().to_string())
-        .env(ENV_LOCK_NAME, lease.name())
-        .env(ENV_HOLDER, lease.holder())
-        // Its own process group: signals reach the command and its children exactly once, and
-        // lease loss can stop the whole tree.
-        .process_group(0)
-        .kill_on_drop(true);
-    command.spawn()
+/// A command to run under a lease (`exec`, `elect`).
+pub(crate) struct Work<'a> {
+    pub command: &'a [String],
+    pub kill_grace: Duration,
+    pub timing: LeaseTiming,
 }
 
-/// SIGTERM now, SIGKILL when the grace ends, and never later than shortly before the deadline.
-async fn stop_child(
-    child: &mut Child,
-    group: Option<Pid>,
-    deadline: Instant,
-    grace: Duration,
-    safety_margin: Duration,
-) -> std::io::Result<ExitStatus> {
-    tracing::warn!("lease lost: sending SIGTERM to the command");
-    send(group, Signal::SIGTERM);
-    let latest = deadline.checked_sub(safety_margin / 4).unwrap_or(deadline);
-    let kill_at = (Instant::now() + grace).min(latest);
-    tokio::select! {
-        status = child.wait() => status,
-        _ = tokio::time::sleep_until(kill_at.into()) => {
-            tracing::warn!("grace over: sending SIGKILL to the command");
-            send(group, Signal::SIGKILL);
-            child.wait().await
+/// What [`Work::run`] tells its caller about the lease while the command runs.
+pub(crate) enum LeaseEvent {
+    /// Held, with this deadline (the first, or one a renewal pushed out).
+    Held(LeaseStatus),
+    /// Lost: the command is about to be stopped.
+    Lost,
+}
+
+/// How a command under a lease ended. The lease is released (or was lost) in every case.
+pub(crate) enum Ran {
+    /// The command ended on its own (or after a forwarded signal) with the lease held.
+    Finished(ExitStatus),
+    /// The lease was lost; the command was stopped before the lease deadline.
+    LeaseLost,
+    NotStarted(std::io::Error),
+    WaitFailed(std::io::Error),
+}
+
+impl Work<'_> {
+    /// Starts the command with the lease in its environment, forwards `signals` to it, keeps
+    /// the lease renewed, stops the command before the deadline if renewal fails, and releases
+    /// the lock when it ends. `on_lease` sees the first deadline, every renewed one, and the
+    /// loss before the command is stopped.
+    pub async fn run(
+        &self,
+        engine: &Redlock,
+        lease: Lease,
+        signals: &mut Signals,
+        mut on_lease: impl FnMut(LeaseEvent),
+    ) -> Ran {
+        let mut running = match child::spawn(self.command_for(&lease)).await {
+            Ok(running) => running,
+            Err(e) => {
+                engine.release(&lease).await;
+                return Ran::NotStarted(e);
+            }
+        };
+        let watchdog = Watchdog::spawn(engine.clone(), lease, self.timing);
+        let lost = watchdog.lost();
+        let mut deadlines = watchdog.subscribe();
+        on_lease(LeaseEvent::Held(*deadlines.borrow_and_update()));
+        let status = loop {
+            tokio::select! {
+                status = running.wait() => break status,
+                kind = signals.next() => {
+                    tracing::info!(signal = kind.as_raw_value(), "forwarding signal to the command");
+                    running.signal(child::signal_of(kind));
+                }
+                _ = lost.cancelled() => {
+                    on_lease(LeaseEvent::Lost);
+                    let deadline = watchdog.status().deadline;
+                    match running
+                        .stop_before(deadline, self.kill_grace, self.timing.safety_margin)
+                        .await
+                    {
+                        Ok(status) => tracing::info!(code = child::exit_code(status), "command stopped"),
+                        Err(e) => tracing::error!(error = %e, "waiting for the stopped command failed"),
+                    }
+                    watchdog.release(engine).await;
+                    return Ran::LeaseLost;
+                }
+                Ok(()) = deadlines.changed() => on_lease(LeaseEvent::Held(*deadlines.borrow_and_update())),
+            }
+        };
+        if !watchdog.release(engine).await {
+            return Ran::LeaseLost;
+        }
+        match status {
+            Ok(status) => Ran::Finished(status),
+            Err(e) => Ran::WaitFailed(e),
         }
     }
-}
 
-fn send(group: Option<Pid>, sig: Signal) {
-    if let Some(group) = group {
-        // ESRCH: the group is already gone, which is what we wanted.
-        let _ = killpg(group, sig);
+    fn command_for(&self, lease: &Lease) -> Command {
+        let mut command = Command::new(&self.command[0]);
+        command
+            .args(&self.command[1..])
+            .env(ENV_FENCING_TOKEN, lease.token().to_string())
+            .env(ENV_LOCK_NAME, lease.name())
+            .env(ENV_HOLDER, lease.holder());
+        command
     }
-}
-
-fn signal_of(kind: SignalKind) -> Signal {
-    Signal::try_from(kind.as_raw_value()).unwrap_or(Signal::SIGTERM)
-}
-
-async fn next_signal(signals: &mut [(SignalKind, tokio::signal::unix::Signal)]) -> SignalKind {
-    if signals.is_empty() {
-        return std::future::pending().await;
-    }
-    let futures = signals
-        .iter_mut()
-        .map(|(kind, stream)| Box::pin(async move { stream.recv().await.map(|_| *kind) }));
-    match futures::future::select_all(futures).await.0 {
-        Some(kind) => kind,
-        None => std::future::pending().await,
-    }
-}
-
-/// The shell convention: the exit code, or 128 + the signal that ended the process.
-pub fn exit_code(status: ExitStatus) -> i32 {
-    use std::os::unix::process::ExitStatusExt;
-    status
-        .code()
-        .or_else(|| status.signal().map(|s| 128 + s))
-        .unwrap_or(1)
 }

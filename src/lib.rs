@@ -2,11 +2,14 @@
 //! Redlock over independent Redis nodes and fenced with tokens that only grow.
 //!
 //! Layers, each depending only on those before it: [`redlock`] (the lock engine, no Kubernetes),
-//! [`exec`] (run a command under a lock).
+//! [`child`] (a command that cannot outlive its supervisor), [`exec`] (run a command under a
+//! lock), [`elect`] (leader election for a long-running command).
 
 pub mod api;
 pub mod backfill;
+pub mod child;
 pub mod controller;
+pub mod elect;
 pub mod exec;
 pub mod lab;
 pub mod metrics;

@@ -31,6 +31,19 @@ enum Command {
     /// within --wait; 76 lease lost, command stopped; 64 bad usage or configuration;
     /// 127 command could not be started.
     Exec(Box<ExecArgs>),
+    /// Leader election for a long-running command: campaign for LOCK, run the command only
+    /// while leading, step down before the lease can expire, campaign again.
+    ///
+    /// Unlike `exec`, which makes one attempt (or waits up to --wait) and exits 76 when the
+    /// lease is lost, `elect` campaigns without end: after a lost lease it stops the command
+    /// (SIGTERM, then SIGKILL before the deadline) and campaigns again. The command gets
+    /// LOCKEDJOB_FENCING_TOKEN, LOCKEDJOB_HOLDER and LOCKEDJOB_LOCK_NAME; --token-file keeps
+    /// the same in a file while leading. `--observe` prints the leader each time it changes.
+    ///
+    /// Exit codes: the command's own when it exits (leadership is released); 128+N when
+    /// signal N arrived while campaigning; 64 bad usage or configuration; 127 command could
+    /// not be started.
+    Elect(Box<lockedjob::elect::ElectArgs>),
     /// Run the Kubernetes operator: reconcile LockedJobs, run each due Job once under the lock.
     ///
     /// Exit codes: 0 after a graceful shutdown (SIGTERM/SIGINT); 64 bad configuration.
@@ -62,6 +75,9 @@ enum Command {
     /// One client of the lab (started by `lockedjob lab`).
     #[command(hide = true)]
     LabClient(lockedjob::lab::client::ClientArgs),
+    /// Kills a command's process group when its supervisor dies (started by `exec`, `elect`).
+    #[command(hide = true, name = lockedjob::child::GROUP_GUARD_SUBCOMMAND)]
+    GroupGuard { group: String },
 }
 
 fn main() {
@@ -78,6 +94,9 @@ fn main() {
             print!("{}", lockedjob::api::crd_yaml());
             return;
         }
+        Command::GroupGuard { group } => {
+            std::process::exit(lockedjob::child::run_group_guard(&group));
+        }
         Command::Completions { shell } => {
             clap_complete::generate(
                 shell,
@@ -90,6 +109,7 @@ fn main() {
         _ => {}
     }
     init_logging(cli.log_format);
+    lockedjob::child::enable_group_guard();
     if let Command::Lab(args) = cli.command {
         std::process::exit(lockedjob::lab::run(args));
     }
@@ -107,12 +127,16 @@ fn main() {
     let code = runtime.block_on(async move {
         match cli.command {
             Command::Exec(args) => exec::run(*args).await,
+            Command::Elect(args) => lockedjob::elect::run(*args).await,
             Command::Operator(args) => lockedjob::controller::run(*args).await,
             Command::LabClient(args) => lockedjob::lab::client::run(args).await,
             Command::Status(args) => lockedjob::status::run(*args).await,
             Command::Next(args) => lockedjob::next::run(args).await,
             Command::Backfill(args) => lockedjob::backfill::run(args).await,
-            Command::Crd | Command::Lab(_) | Command::Completions { .. } => 0,
+            Command::Crd
+            | Command::Lab(_)
+            | Command::Completions { .. }
+            | Command::GroupGuard { .. } => 0,
         }
     });
     // Pending background work (a connection attempt to a dead node) must not delay the exit.

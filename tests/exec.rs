@@ -175,6 +175,56 @@ fn losing_the_majority_stops_the_command_before_the_deadline() {
     assert!(stderr.contains("lease on \"nightly\" lost"), "{stderr}");
 }
 
+/// Running (a zombie, killed but not yet reaped by whoever inherited it, counts as gone).
+fn alive(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| {
+            let state = stat.rsplit_once(") ")?.1.chars().next()?;
+            Some(state != 'Z' && state != 'X')
+        })
+        .unwrap_or(false)
+}
+
+#[test]
+fn the_command_and_its_children_die_with_exec_killed_by_sigkill() {
+    let nodes = RedisNodes::start(3, Persistence::None).expect("start redis-server");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pids = dir.path().join("pids");
+    // The command and a child of its own, as a shell script's pipeline has.
+    let script = format!(
+        "sleep 1000 & echo \"$$ $!\" > {}; while true; do sleep 0.05; done",
+        pids.display()
+    );
+    let mut exec = spawn(&nodes.urls(), &["--ttl", "5s"], &["sh", "-c", &script]);
+    assert!(wait_until(Duration::from_secs(10), || {
+        std::fs::read_to_string(&pids).is_ok_and(|text| text.trim().split(' ').count() == 2)
+    }));
+    let tree: Vec<i32> = std::fs::read_to_string(&pids)
+        .expect("pids")
+        .split_whitespace()
+        .map(|pid| pid.parse().expect("a pid"))
+        .collect();
+    assert!(tree.iter().all(|pid| alive(*pid)));
+
+    kill(Pid::from_raw(exec.id() as i32), Signal::SIGKILL).expect("kill -9 exec");
+    let killed_at = Instant::now();
+    let _ = exec.wait();
+    assert!(
+        wait_until(Duration::from_secs(4), || tree
+            .iter()
+            .all(|pid| !alive(*pid))),
+        "still running after exec was killed: {:?}",
+        tree.iter().filter(|pid| alive(**pid)).collect::<Vec<_>>()
+    );
+    let gone_after = killed_at.elapsed();
+    // The lease lives out its TTL after a kill -9; the work must be gone long before.
+    assert!(
+        gone_after < Duration::from_secs(5),
+        "the command outlived exec by {gone_after:?}"
+    );
+}
+
 #[test]
 fn sigterm_reaches_the_command_and_the_lock_is_released() {
     let nodes = RedisNodes::start(3, Persistence::None).expect("start redis-server");

@@ -937,3 +937,92 @@ async fn buffer_one(lab: Lab) {
     // behind by no more than the times dropped, and never runs two in a row out of order.
     assert!(gaps.iter().all(|g| *g >= period), "{gaps:?}");
 }
+
+/// Waits up to `limit` for a replica to exit; true if it did.
+fn exits_within(replica: &mut Replica, limit: Duration) -> bool {
+    support::wait_until(limit, || replica.child.try_wait().ok().flatten().is_some())
+}
+
+/// SIGTERM at any moment of the start-up ends the replica: a signal that came before the
+/// controllers' first list once left it hanging until killed (kube-runtime holds reconciles
+/// until the store is ready, and the graceful shutdown stopped the watch that would fill it).
+/// A sweep of delays from the start, on the real API server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_at_any_moment_of_start_up_ends_the_replica() {
+    let cluster = Cluster::local("east").await;
+    let nodes = RedisNodes::start(1, Persistence::None).expect("start redis-server");
+    let dir = tempfile::tempdir().expect("dir");
+    let mut hung = Vec::new();
+    for delay_ms in [0, 2, 5, 8, 11, 14, 17, 20, 30, 50, 100, 300, 1_000] {
+        let name = format!("term-{delay_ms}");
+        let mut replica = Replica::start(&cluster, &nodes.urls(), "c1", &name, dir.path());
+        std::thread::sleep(Duration::from_millis(delay_ms));
+        replica.signal(Signal::SIGTERM);
+        // The shutdown bound: runs get 25 s to hand over; this replica has none.
+        if !exits_within(&mut replica, Duration::from_secs(30)) {
+            hung.push(format!("{delay_ms} ms:\n{}", replica.log()));
+        }
+    }
+    assert!(
+        hung.is_empty(),
+        "replicas still running after SIGTERM:\n{}",
+        hung.join("\n")
+    );
+}
+
+/// The same without any first list: the API server cannot be reached at all.
+#[test]
+fn sigterm_ends_a_replica_whose_api_server_cannot_be_reached() {
+    let nodes = RedisNodes::start(1, Persistence::None).expect("start redis-server");
+    let dir = tempfile::tempdir().expect("dir");
+    let kubeconfig = dir.path().join("kubeconfig");
+    let dead = format!("https://127.0.0.1:{}", support::free_port());
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: dead\n  cluster:\n    server: {dead}\n    insecure-skip-tls-verify: true\nusers:\n- name: u\n  user:\n    token: t\ncontexts:\n- name: dead\n  context:\n    cluster: dead\n    user: u\ncurrent-context: dead\n"
+        ),
+    )
+    .expect("kubeconfig");
+    let log = dir.path().join("operator.log");
+    let mut child = std::process::Command::new(support::lockedjob_bin())
+        .arg("operator")
+        .args(["--redis", &nodes.urls().join(",")])
+        .args([
+            "--metrics-addr",
+            &format!("127.0.0.1:{}", support::free_port()),
+        ])
+        .env("KUBECONFIG", &kubeconfig)
+        .env("RUST_LOG", "info,kube=warn")
+        .env_remove("LOCKEDJOB_REDIS_URLS")
+        .env_remove("LOCKEDJOB_NAMESPACES")
+        .stderr(std::fs::File::create(&log).expect("log file"))
+        .spawn()
+        .expect("start operator");
+    let started = support::wait_until(Duration::from_secs(10), || {
+        std::fs::read_to_string(&log).is_ok_and(|l| l.contains("lockedjob operator starting"))
+    });
+    assert!(
+        started,
+        "{}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+    std::thread::sleep(Duration::from_millis(500)); // the watches are retrying by now
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        Signal::SIGTERM,
+    )
+    .expect("SIGTERM");
+    let exited = support::wait_until(Duration::from_secs(30), || {
+        child.try_wait().ok().flatten().is_some()
+    });
+    if !exited {
+        let _ = child.kill();
+    }
+    let _ = child.wait();
+    assert!(
+        exited,
+        "the replica did not exit after SIGTERM:\n{}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+}

@@ -20,7 +20,7 @@ use crate::api::LockedJob;
 use crate::metrics::Metrics;
 use crate::options::RedisOptions;
 use crate::redlock::Redlock;
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use health::Health;
 use k8s_openapi::api::batch::v1::Job;
 use kube::runtime::controller::{self, Controller};
@@ -217,8 +217,13 @@ pub async fn run(args: OperatorArgs) -> i32 {
     background.spawn(wait_for_shutdown(Arc::clone(&ctx)));
     let reconciles = reconciles_in_flight(args.api_concurrency);
     let (controllers, stores) = controllers(&client, &scopes, &ctx, reconciles);
-    background.spawn(mark_synced(Arc::clone(&ctx), stores));
-    futures::future::join_all(controllers).await;
+    background.spawn(mark_synced(Arc::clone(&ctx), stores.clone()));
+    tokio::select! {
+        _ = futures::future::join_all(controllers) => {}
+        _ = stopped_before_first_list(&ctx, &stores) => {
+            tracing::info!("shutdown before the first list of LockedJobs: no reconcile had started");
+        }
+    }
     hand_over(&ctx).await;
     tracing::info!("lockedjob operator stopped");
     0
@@ -379,6 +384,23 @@ async fn mark_synced(ctx: Arc<Context>, stores: Vec<Store<LockedJob>>) {
     let (jobs, lockedjobs) = futures::future::join(jobs, lockedjobs).await;
     if jobs.iter().chain(lockedjobs.iter()).all(|ready| *ready) {
         ctx.health.set_synced();
+    }
+}
+
+/// Resolves when shutdown was requested while a controller's store still lacks its first list.
+/// kube-runtime holds a controller's reconciles until its store is ready, and a graceful
+/// shutdown stops the watch that would fill it, so such a controller never ends: an operator
+/// told to stop in its first milliseconds, or while the API server is unreachable, hung until
+/// killed. None of its reconciles has started then, and any that starts after the shutdown
+/// returns at once, so dropping the controllers loses nothing.
+async fn stopped_before_first_list(ctx: &Context, stores: &[Store<LockedJob>]) {
+    ctx.shutdown.cancelled().await;
+    let all_listed = stores
+        .iter()
+        .all(|store| store.wait_until_ready().now_or_never().is_some());
+    if all_listed {
+        // The controllers end by themselves once their reconciles in flight are done.
+        std::future::pending::<()>().await;
     }
 }
 

@@ -218,6 +218,20 @@ impl LeaseTiming {
         }
     }
 
+    /// [`LeaseTiming::from_ttl`] with the intervals a user gave in place of the defaults.
+    pub fn from_ttl_or(
+        ttl: Duration,
+        renew_interval: Option<Duration>,
+        safety_margin: Option<Duration>,
+    ) -> Self {
+        let defaults = Self::from_ttl(ttl);
+        Self {
+            ttl,
+            renew_interval: renew_interval.unwrap_or(defaults.renew_interval),
+            safety_margin: safety_margin.unwrap_or(defaults.safety_margin),
+        }
+    }
+
     pub fn validate(&self, drift_factor: f64) -> Result<(), ConfigError> {
         if self.ttl.is_zero() {
             return Err(ConfigError::ZeroTtl);

@@ -1,0 +1,350 @@
+//! `lockedjob elect LOCK -- CMD...`: leader election for a long-running workload. Every replica
+//! campaigns for the same lock; the one that holds it runs CMD with its fencing token, and
+//! stops it before the lease deadline when renewals fail, then campaigns again.
+//! `--observe` prints the leader each time it changes, like `etcdctl elect -l`.
+//!
+//! `--sidecar` runs no command: it holds leadership for the pod it runs in and shows it through
+//! the token file and the pod's condition, label and a mirror Lease (`kubernetes.rs`).
+//!
+//! Differences from `exec` (docs/design.md, "Leader election"): `exec` makes one attempt (or
+//! waits up to `--wait`) and exits 76 when the lease is lost; `elect` campaigns without end,
+//! and after a lost lease stops the command and campaigns again.
+
+mod kubernetes;
+mod observe;
+mod token_file;
+
+pub use kubernetes::{lease_name, LEADER_CONDITION, LEADER_LABEL, LEADER_LOCK_ANNOTATION};
+pub use observe::Observed;
+pub use token_file::LeaderRecord;
+
+use crate::child::{self, Signals};
+use crate::exec::{LeaseEvent, Ran, Work, EXIT_SPAWN_FAILED, EXIT_USAGE};
+use crate::options::{parse_duration, RedisOptions};
+use crate::redlock::{Lease, LeaseTiming, LockError, Redlock, Watchdog};
+use kubernetes::PodMirror;
+use std::path::PathBuf;
+use std::time::Duration;
+use token_file::TokenFile;
+use tracing::Instrument;
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct ElectArgs {
+    #[command(flatten)]
+    pub redis: RedisOptions,
+    /// The election's lock name: every replica of one workload, in every cluster, uses the same.
+    pub lock: String,
+    /// Lease TTL: how long a leader that vanished without a trace (a lost node, a partition)
+    /// keeps the others waiting.
+    #[arg(long, default_value = "15s", value_parser = parse_duration)]
+    pub ttl: Duration,
+    /// How often the leader renews its lease (default: ttl/3).
+    #[arg(long, value_parser = parse_duration)]
+    pub renew_interval: Option<Duration>,
+    /// Step down this long before the lease deadline when renewals fail (default: ttl/10, at
+    /// most 2s). The command is stopped within this margin.
+    #[arg(long, value_parser = parse_duration)]
+    pub safety_margin: Option<Duration>,
+    /// How often a candidate tries to become leader (each wait drawn ±20% around it).
+    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    pub retry_interval: Duration,
+    /// After leadership is lost, time between SIGTERM and SIGKILL; always cut short so that
+    /// the command is dead before the lease deadline.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub kill_grace: Duration,
+    /// While leading, keep this JSON file up to date (lock, holder, token, validUntil), written
+    /// atomically; it is removed as soon as leadership is lost, before the command is stopped.
+    #[arg(long, env = "LOCKEDJOB_TOKEN_FILE")]
+    pub token_file: Option<PathBuf>,
+    /// Run no command: hold leadership for this pod and show it (the token file; with
+    /// --pod-namespace, the pod's `lockedjob.dev/leader` condition and label and a mirror
+    /// Lease). Run as a native sidecar (an init container with `restartPolicy: Always`).
+    #[arg(long, conflicts_with = "command")]
+    pub sidecar: bool,
+    /// The sidecar's pod namespace (downward API); with the pod name (--runner-name, POD_NAME)
+    /// it turns on the pod's condition, label and the mirror Lease.
+    #[arg(long, env = "POD_NAMESPACE", requires = "sidecar")]
+    pub pod_namespace: Option<String>,
+    /// Print a line each time the leader changes, instead of campaigning.
+    #[arg(long, conflicts_with_all = ["command", "token_file", "sidecar"])]
+    pub observe: bool,
+    /// Output of --observe: text, or one JSON object a line.
+    #[arg(short, long, value_enum, default_value_t = ObserveOutput::Text, requires = "observe")]
+    pub output: ObserveOutput,
+    /// How often --observe reads the nodes.
+    #[arg(long, default_value = "500ms", value_parser = parse_duration, requires = "observe")]
+    pub poll_interval: Duration,
+    /// The command and its arguments, run while this replica leads.
+    #[arg(last = true, required_unless_present_any = ["observe", "sidecar"], num_args = 1..)]
+    pub command: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ObserveOutput {
+    Text,
+    Json,
+}
+
+/// Runs `elect` and returns the process exit code.
+pub async fn run(args: ElectArgs) -> i32 {
+    let timing = LeaseTiming::from_ttl_or(args.ttl, args.renew_interval, args.safety_margin);
+    let config = args.redis.engine_config();
+    if args.lock.trim().is_empty() || args.lock.chars().any(char::is_control) {
+        eprintln!(
+            "lockedjob elect: LOCK must name the election's lock (no control characters), got {:?}",
+            args.lock
+        );
+        return EXIT_USAGE;
+    }
+    if !args.observe {
+        if let Err(e) = timing.validate(config.drift_factor) {
+            eprintln!("lockedjob elect: {e}");
+            return EXIT_USAGE;
+        }
+    }
+    if args.retry_interval.is_zero() || args.poll_interval.is_zero() {
+        eprintln!(
+            "lockedjob elect: --retry-interval and --poll-interval must be greater than zero"
+        );
+        return EXIT_USAGE;
+    }
+    let token_file = match args.token_file.as_deref().map(TokenFile::new).transpose() {
+        Ok(file) => file,
+        Err(e) => {
+            eprintln!("lockedjob elect: {e}");
+            return EXIT_USAGE;
+        }
+    };
+    let engine = match Redlock::new(config) {
+        Ok(engine) => engine,
+        Err(e) => {
+            eprintln!("lockedjob elect: {e}");
+            return EXIT_USAGE;
+        }
+    };
+    if args.observe {
+        return observe::observe(&engine, &args).await;
+    }
+    let span = tracing::info_span!("elect", lock = %args.lock, token = tracing::field::Empty);
+    if args.sidecar {
+        let mirror = match pod_mirror(&args).await {
+            Ok(mirror) => mirror,
+            Err(e) => {
+                eprintln!("lockedjob elect: {e}");
+                return EXIT_USAGE;
+            }
+        };
+        let sidecar = Sidecar {
+            engine,
+            timing,
+            token_file,
+            mirror,
+        };
+        return sidecar.run(&args).instrument(span).await;
+    }
+    lead_while_elected(engine, args, timing, token_file)
+        .instrument(span)
+        .await
+}
+
+/// The pod mirror when the pod is known; checks the sidecar's rights at once by marking the
+/// pod as not leading, which also clears what a sidecar killed while leading left behind.
+async fn pod_mirror(args: &ElectArgs) -> Result<Option<PodMirror>, String> {
+    let Some(namespace) = args.pod_namespace.as_deref().filter(|n| !n.is_empty()) else {
+        return Ok(None);
+    };
+    let Some(pod) = args.redis.runner_name.as_deref().filter(|n| !n.is_empty()) else {
+        return Err("--pod-namespace needs the pod's name in --runner-name or POD_NAME (downward API: metadata.name)".into());
+    };
+    let mirror = PodMirror::connect(namespace, pod, &args.lock)
+        .await
+        .map_err(|e| e.to_string())?;
+    mirror
+        .not_leading("Campaigning")
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(Some(mirror))
+}
+
+/// Campaign, lead, campaign again after a lost lease; return when the command ends or a signal
+/// arrives while campaigning.
+async fn lead_while_elected(
+    engine: Redlock,
+    args: ElectArgs,
+    timing: LeaseTiming,
+    token_file: Option<TokenFile>,
+) -> i32 {
+    let mut signals = Signals::watch();
+    let work = Work {
+        command: &args.command,
+        kill_grace: args.kill_grace,
+        timing,
+    };
+    loop {
+        let lease = tokio::select! {
+            lease = campaign(&engine, &args.lock, timing.ttl, args.retry_interval) => lease,
+            kind = signals.next() => {
+                tracing::info!(signal = kind.as_raw_value(), "stopped while campaigning");
+                return 128 + kind.as_raw_value();
+            }
+        };
+        let lease = match lease {
+            Ok(lease) => lease,
+            Err(e) => {
+                eprintln!("lockedjob elect: {e}");
+                return EXIT_USAGE;
+            }
+        };
+        tracing::Span::current().record("token", lease.token());
+        tracing::info!(
+            holder = lease.holder(),
+            "elected leader; starting the command"
+        );
+        let publish = |event: LeaseEvent| {
+            if let Some(file) = &token_file {
+                file.follow(&lease, &timing, event);
+            }
+        };
+        let ran = work
+            .run(&engine, lease.clone(), &mut signals, publish)
+            .await;
+        if let Some(file) = &token_file {
+            file.remove();
+        }
+        match ran {
+            Ran::Finished(status) => {
+                let code = child::exit_code(status);
+                tracing::info!(code, "command exited; leadership released");
+                return code;
+            }
+            Ran::LeaseLost => {
+                tracing::warn!("leadership lost (no Redis quorum renewed the lease); the command was stopped; campaigning again");
+            }
+            Ran::NotStarted(e) => {
+                eprintln!("lockedjob elect: cannot start {:?}: {e}", args.command[0]);
+                return EXIT_SPAWN_FAILED;
+            }
+            Ran::WaitFailed(e) => {
+                eprintln!("lockedjob elect: waiting for the command failed: {e}");
+                return EXIT_SPAWN_FAILED;
+            }
+        }
+    }
+}
+
+/// `--sidecar`: leadership held for the pod, with no command of its own.
+struct Sidecar {
+    engine: Redlock,
+    timing: LeaseTiming,
+    token_file: Option<TokenFile>,
+    mirror: Option<PodMirror>,
+}
+
+/// How long one update of the pod or the Lease may hold up the lease's own watch: a slow API
+/// server must not keep a sidecar from noticing a lost lease.
+fn api_bound(timing: &LeaseTiming) -> Duration {
+    timing.safety_margin / 2
+}
+
+impl Sidecar {
+    /// Campaign, hold, step down and campaign again; return 0 on SIGTERM or SIGINT.
+    async fn run(&self, args: &ElectArgs) -> i32 {
+        let mut signals = Signals::watch();
+        loop {
+            let lease = tokio::select! {
+                lease = campaign(&self.engine, &args.lock, self.timing.ttl, args.retry_interval) => lease,
+                _ = signals.next() => return 0,
+            };
+            let lease = match lease {
+                Ok(lease) => lease,
+                Err(e) => {
+                    eprintln!("lockedjob elect: {e}");
+                    return EXIT_USAGE;
+                }
+            };
+            tracing::Span::current().record("token", lease.token());
+            tracing::info!(holder = lease.holder(), "elected leader");
+            let stopped = self.hold(lease, &mut signals).await;
+            if stopped {
+                return 0;
+            }
+            tracing::warn!(
+                "leadership lost (no Redis quorum renewed the lease); campaigning again"
+            );
+        }
+    }
+
+    /// Holds `lease` until it is lost (false) or a signal asks to stop (true); steps down and
+    /// releases the lock either way.
+    async fn hold(&self, lease: Lease, signals: &mut Signals) -> bool {
+        let watchdog = Watchdog::spawn(self.engine.clone(), lease.clone(), self.timing);
+        let lost = watchdog.lost();
+        let mut deadlines = watchdog.subscribe();
+        let first = *deadlines.borrow_and_update();
+        self.show(&lease, LeaseEvent::Held(first), true).await;
+        let stopped = loop {
+            tokio::select! {
+                _ = lost.cancelled() => break false,
+                _ = signals.next() => break true,
+                Ok(()) = deadlines.changed() => {
+                    let status = *deadlines.borrow_and_update();
+                    self.show(&lease, LeaseEvent::Held(status), false).await;
+                }
+            }
+        };
+        self.show(&lease, LeaseEvent::Lost, false).await;
+        watchdog.release(&self.engine).await;
+        stopped
+    }
+
+    /// Shows the lease to the pod and the workload: on election and renewal the token file
+    /// and the mirrors; on the way out the pod's marks first, then the token file.
+    async fn show(&self, lease: &Lease, event: LeaseEvent, elected: bool) {
+        let ttl_seconds = i32::try_from(self.timing.ttl.as_secs().max(1)).unwrap_or(i32::MAX);
+        let bound = api_bound(&self.timing);
+        if let Some(mirror) = &self.mirror {
+            let update = async {
+                match event {
+                    LeaseEvent::Held(_) if elected => {
+                        mirror.leading(lease.holder(), ttl_seconds).await
+                    }
+                    LeaseEvent::Held(_) => mirror.renewed(lease.holder(), ttl_seconds).await,
+                    LeaseEvent::Lost => mirror.not_leading("SteppedDown").await,
+                }
+            };
+            match tokio::time::timeout(bound, update).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => tracing::error!(error = %e, "cannot update the pod or the Lease"),
+                Err(_) => tracing::error!(bound_ms = bound.as_millis() as u64, "the API server did not answer in time; the pod or the Lease may show an old state"),
+            }
+        }
+        if let Some(file) = &self.token_file {
+            file.follow(lease, &self.timing, event);
+        }
+    }
+}
+
+/// Tries for the lock every `retry_interval` (±20%) until it is ours. Logs when the reason it
+/// is not changes, not on every attempt. Only a configuration error ends the campaign.
+async fn campaign(
+    engine: &Redlock,
+    lock: &str,
+    ttl: Duration,
+    retry_interval: Duration,
+) -> Result<Lease, LockError> {
+    let mut last_refusal = None;
+    loop {
+        match engine.try_acquire(lock, ttl).await {
+            Ok(lease) => return Ok(lease),
+            Err(e @ LockError::Config(_)) => return Err(e),
+            Err(e) => {
+                let refusal = std::mem::discriminant(&e);
+                if last_refusal != Some(refusal) {
+                    tracing::info!(reason = %e, "not leader; campaigning");
+                    last_refusal = Some(refusal);
+                }
+            }
+        }
+        tokio::time::sleep(retry_interval.mul_f64(0.8 + 0.4 * rand::random::<f64>())).await;
+    }
+}

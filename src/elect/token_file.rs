@@ -1,0 +1,105 @@
+//! The leader's token file (`--token-file`): what a workload reads to learn that it leads and
+//! with which token.
+
+use crate::exec::LeaseEvent;
+use crate::redlock::{Lease, LeaseStatus, LeaseTiming};
+use jiff::Timestamp;
+use serde::Serialize;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+/// The leader's token file: what a workload reads to learn that it leads and with which token.
+pub(super) struct TokenFile {
+    path: PathBuf,
+}
+
+/// The token file's content.
+#[derive(Debug, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct LeaderRecord {
+    pub lock: String,
+    pub holder: String,
+    pub token: u64,
+    /// Past this wall-clock time the lease may have been given up: act only before it.
+    pub valid_until: Timestamp,
+}
+
+impl TokenFile {
+    /// Checks that the file can be written where asked, so a bad path fails at start-up and
+    /// not on the first election.
+    pub(super) fn new(path: &Path) -> Result<Self, String> {
+        let dir = parent_dir(path);
+        tempfile::NamedTempFile::new_in(dir).map_err(|e| {
+            format!(
+                "--token-file {}: cannot write in {}: {e}; give a path in a writable directory (an emptyDir volume in a pod)",
+                path.display(),
+                dir.display()
+            )
+        })?;
+        Ok(Self {
+            path: path.to_path_buf(),
+        })
+    }
+
+    pub(super) fn follow(&self, lease: &Lease, timing: &LeaseTiming, event: LeaseEvent) {
+        match event {
+            LeaseEvent::Held(status) => self.write(&leader_record(lease, timing, &status)),
+            LeaseEvent::Lost => self.remove(),
+        }
+    }
+
+    /// Replaces the file in one rename, so a reader sees the old record or the new one.
+    pub(super) fn write(&self, record: &LeaderRecord) {
+        let written = serde_json::to_vec(record)
+            .map_err(std::io::Error::other)
+            .and_then(|json| {
+                let mut file = tempfile::NamedTempFile::new_in(parent_dir(&self.path))?;
+                std::io::Write::write_all(&mut file, &json)?;
+                file.persist(&self.path).map_err(|e| e.error)?;
+                Ok(())
+            });
+        if let Err(e) = written {
+            tracing::error!(path = %self.path.display(), error = %e, "cannot write the token file");
+        }
+    }
+
+    pub(super) fn remove(&self) {
+        match std::fs::remove_file(&self.path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => {
+                tracing::error!(path = %self.path.display(), error = %e, "cannot remove the token file")
+            }
+        }
+    }
+}
+
+fn parent_dir(path: &Path) -> &Path {
+    match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir,
+        _ => Path::new("."),
+    }
+}
+
+/// The record for a lease with this status: valid until the point where the watchdog gives up
+/// (deadline minus the safety margin), on the wall clock now.
+pub(super) fn leader_record(
+    lease: &Lease,
+    timing: &LeaseTiming,
+    status: &LeaseStatus,
+) -> LeaderRecord {
+    let give_up = status
+        .deadline
+        .checked_sub(timing.safety_margin)
+        .unwrap_or(status.deadline);
+    let left = give_up.saturating_duration_since(Instant::now());
+    let valid_until = Timestamp::now()
+        .checked_add(jiff::SignedDuration::try_from(left).unwrap_or_default())
+        .unwrap_or(Timestamp::MAX);
+    LeaderRecord {
+        lock: lease.name().to_string(),
+        holder: lease.holder().to_string(),
+        token: lease.token(),
+        valid_until,
+    }
+}

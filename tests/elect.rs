@@ -1,0 +1,336 @@
+//! `lockedjob elect` as users run it: the real binary, several candidates, real Redis nodes
+//! with real faults (kill -9 of a candidate, SIGSTOP of a Redis majority).
+
+mod support;
+
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+use support::{lockedjob_bin, wait_until, Persistence, RedisNodes, SetChecks};
+
+const LOCK_KEY: &str = "lockedjob:lock:writer";
+
+fn elect_cmd(urls: &[String], runner: &str, extra: &[&str]) -> Command {
+    let mut cmd = Command::new(lockedjob_bin());
+    cmd.arg("elect")
+        .arg("writer")
+        .arg("--redis")
+        .arg(urls.join(","))
+        .args(["--cluster-id", "ci", "--runner-name", runner])
+        .args(extra)
+        .env_remove("LOCKEDJOB_REDIS_URLS")
+        .env("RUST_LOG", "info");
+    cmd
+}
+
+/// A candidate whose command appends "TOKEN HOLDER" to `log` when it starts leading, writes its
+/// pid to `DIR/RUNNER.pid`, then sleeps.
+fn candidate(urls: &[String], dir: &Path, runner: &str, extra: &[&str]) -> Child {
+    let script = format!(
+        "echo \"$LOCKEDJOB_FENCING_TOKEN $LOCKEDJOB_HOLDER\" >> {log}; echo $$ > {pid}; exec sleep 1000",
+        log = dir.join("leaders.log").display(),
+        pid = dir.join(format!("{runner}.pid")).display(),
+    );
+    elect_cmd(urls, runner, extra)
+        .arg("--")
+        .args(["sh", "-c", &script])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn lockedjob elect")
+}
+
+fn leaders(dir: &Path) -> Vec<String> {
+    std::fs::read_to_string(dir.join("leaders.log"))
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+/// The pid a candidate's command wrote, once it wrote one.
+fn command_pid(dir: &Path, runner: &str) -> Option<i32> {
+    std::fs::read_to_string(dir.join(format!("{runner}.pid")))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// Running (a zombie, killed but not yet reaped by whoever inherited it, counts as gone).
+fn alive(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| {
+            let state = stat.rsplit_once(") ")?.1.chars().next()?;
+            Some(state != 'Z' && state != 'X')
+        })
+        .unwrap_or(false)
+}
+
+fn stderr_of(child: &mut Child) -> String {
+    let mut text = String::new();
+    if let Some(mut stderr) = child.stderr.take() {
+        use std::io::Read;
+        let _ = stderr.read_to_string(&mut text);
+    }
+    text
+}
+
+/// Kills a still-running candidate when the test ends early.
+struct Reap(Vec<Child>);
+
+impl Drop for Reap {
+    fn drop(&mut self) {
+        for child in &mut self.0 {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+#[test]
+fn one_leader_at_a_time_and_a_killed_leaders_command_dies_with_it() {
+    let nodes = RedisNodes::start(3, Persistence::None).expect("start redis-server");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fast = ["--ttl", "3s", "--retry-interval", "200ms"];
+    let mut a = candidate(&nodes.urls(), dir.path(), "a", &fast);
+    assert!(wait_until(Duration::from_secs(10), || leaders(dir.path())
+        == ["1 ci/a"]));
+    let b = candidate(&nodes.urls(), dir.path(), "b", &fast);
+    let mut reap = Reap(vec![b]);
+    // b campaigns (a dozen attempts) but does not lead while a holds the lease.
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(leaders(dir.path()), ["1 ci/a"]);
+
+    let a_command = command_pid(dir.path(), "a").expect("a's command pid");
+    kill(Pid::from_raw(a.id() as i32), Signal::SIGKILL).expect("kill -9 a");
+    let killed_at = Instant::now();
+    let _ = a.wait();
+    assert!(
+        wait_until(Duration::from_secs(2), || !alive(a_command)),
+        "a's command outlived its supervisor"
+    );
+    let gone_after = killed_at.elapsed();
+    assert!(
+        wait_until(Duration::from_secs(10), || leaders(dir.path()).len() == 2),
+        "no new leader: {:?}",
+        leaders(dir.path())
+    );
+    assert_eq!(leaders(dir.path()), ["1 ci/a", "2 ci/b"]);
+    assert!(
+        gone_after < Duration::from_secs(3),
+        "a's command died {gone_after:?} after a, not before its lease could expire"
+    );
+
+    // A graceful stop releases at once: the lock is gone from every node.
+    let mut b = reap.0.pop().expect("b");
+    kill(Pid::from_raw(b.id() as i32), Signal::SIGTERM).expect("SIGTERM b");
+    let status = b.wait().expect("b exits");
+    let stderr = stderr_of(&mut b);
+    assert_eq!(status.code(), Some(128 + 15), "{stderr}");
+    assert!(stderr.contains("elected leader"), "{stderr}");
+    assert_eq!(nodes.count_key(LOCK_KEY), 0, "leadership released");
+}
+
+#[test]
+fn a_leader_cut_off_from_the_quorum_steps_down_before_its_deadline_and_leads_again() {
+    let mut nodes = RedisNodes::start(3, Persistence::None).expect("start redis-server");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let token_file = dir.path().join("leader.json");
+    let token_path = token_file.to_string_lossy().into_owned();
+    let a = candidate(
+        &nodes.urls(),
+        dir.path(),
+        "a",
+        &[
+            "--ttl",
+            "3s",
+            "--retry-interval",
+            "200ms",
+            "--token-file",
+            &token_path,
+        ],
+    );
+    let _reap = Reap(vec![a]);
+    assert!(wait_until(Duration::from_secs(10), || token_file.exists()));
+    let record: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&token_file).expect("token file"))
+            .expect("the token file is JSON");
+    assert_eq!(record["token"], 1);
+    assert_eq!(record["holder"], "ci/a");
+    assert_eq!(record["lock"], "writer");
+    let valid_until: jiff::Timestamp = record["validUntil"]
+        .as_str()
+        .expect("validUntil")
+        .parse()
+        .expect("an RFC 3339 time");
+    assert!(valid_until > jiff::Timestamp::now());
+    let first_command = command_pid(dir.path(), "a").expect("command pid");
+
+    nodes[1].pause().expect("SIGSTOP node 1");
+    nodes[2].pause().expect("SIGSTOP node 2");
+    let cut_at = Instant::now();
+    assert!(
+        wait_until(Duration::from_secs(6), || !alive(first_command)),
+        "the command kept running without a quorum"
+    );
+    let stopped_after = cut_at.elapsed();
+    assert!(!token_file.exists(), "the token file outlived leadership");
+    // Renewals come every ttl/3, so the lease deadline is at most one TTL after the cut.
+    assert!(
+        stopped_after < Duration::from_secs(3),
+        "the command was stopped {stopped_after:?} after the cut, past the lease deadline"
+    );
+
+    nodes[1].resume().expect("SIGCONT node 1");
+    nodes[2].resume().expect("SIGCONT node 2");
+    assert!(
+        wait_until(Duration::from_secs(15), || leaders(dir.path()).len() == 2),
+        "not elected again: {:?}",
+        leaders(dir.path())
+    );
+    let again = leaders(dir.path());
+    assert_eq!(again[0], "1 ci/a");
+    let (token, holder) = again[1].split_once(' ').expect("TOKEN HOLDER");
+    assert_eq!(holder, "ci/a");
+    assert!(token.parse::<u64>().expect("a token") > 1, "{again:?}");
+    assert!(wait_until(Duration::from_secs(5), || {
+        std::fs::read(&token_file)
+            .ok()
+            .and_then(|bytes| serde_json::from_slice::<serde_json::Value>(&bytes).ok())
+            .is_some_and(|record| record["token"].as_u64() == token.parse().ok())
+    }));
+}
+
+/// Lines an observer prints, as they come.
+fn observe(urls: &[String]) -> (Child, mpsc::Receiver<serde_json::Value>) {
+    let mut observer = elect_cmd(urls, "observer", &["--observe", "-o", "json"])
+        .args(["--poll-interval", "100ms"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn the observer");
+    let stdout = observer.stdout.take().expect("stdout");
+    let (lines, seen) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let json = serde_json::from_str(&line)
+                .unwrap_or_else(|e| panic!("not one JSON object a line: {line:?}: {e}"));
+            if lines.send(json).is_err() {
+                break;
+            }
+        }
+    });
+    (observer, seen)
+}
+
+fn next_line(seen: &mpsc::Receiver<serde_json::Value>) -> serde_json::Value {
+    seen.recv_timeout(Duration::from_secs(10))
+        .expect("the observer printed a line")
+}
+
+#[test]
+fn observe_prints_each_change_of_leader() {
+    let nodes = RedisNodes::start(3, Persistence::None).expect("start redis-server");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (observer, seen) = observe(&nodes.urls());
+    let mut reap = Reap(vec![observer]);
+    assert_eq!(next_line(&seen)["state"], "none");
+
+    let a = candidate(&nodes.urls(), dir.path(), "a", &[]);
+    let line = next_line(&seen);
+    assert_eq!(
+        (
+            &line["state"],
+            &line["holder"],
+            &line["cluster"],
+            &line["token"]
+        ),
+        (
+            &"leader".into(),
+            &"ci/a".into(),
+            &"ci".into(),
+            &serde_json::Value::from(1)
+        ),
+        "{line}"
+    );
+    kill(Pid::from_raw(a.id() as i32), Signal::SIGTERM).expect("SIGTERM a");
+    reap.0.push(a);
+    assert_eq!(next_line(&seen)["state"], "none");
+
+    reap.0.push(candidate(&nodes.urls(), dir.path(), "b", &[]));
+    let line = next_line(&seen);
+    assert_eq!(
+        (&line["holder"], &line["token"]),
+        (&"ci/b".into(), &2.into())
+    );
+    // Nothing changed: no more lines.
+    assert!(seen.recv_timeout(Duration::from_millis(500)).is_err());
+}
+
+#[test]
+fn bad_input_names_what_to_fix() {
+    let nodes = RedisNodes::start(1, Persistence::None).expect("start redis-server");
+    let urls = nodes.urls();
+    let missing_dir: PathBuf = ["/nonexistent", "dir", "leader.json"].iter().collect();
+    let missing = missing_dir.to_string_lossy().into_owned();
+    // (arguments after `elect`, exit code, stderr fragment)
+    let table: Vec<(Vec<&str>, i32, &str)> = vec![
+        (vec!["", "--", "true"], 64, "LOCK must name"),
+        (vec!["writer"], 64, "<COMMAND>"),
+        (
+            vec!["writer", "--token-file", &missing, "--", "true"],
+            64,
+            "--token-file",
+        ),
+        (
+            vec!["writer", "--observe", "--", "true"],
+            64,
+            "cannot be used with",
+        ),
+        (
+            vec![
+                "writer",
+                "--ttl",
+                "1s",
+                "--renew-interval",
+                "2s",
+                "--",
+                "true",
+            ],
+            64,
+            "shorter than the TTL",
+        ),
+        (
+            vec!["writer", "--retry-interval", "0", "--", "true"],
+            64,
+            "greater than zero",
+        ),
+        (
+            vec!["writer", "--", "/nonexistent/command"],
+            127,
+            "cannot start",
+        ),
+    ];
+    for (args, code, fragment) in table {
+        let out = Command::new(lockedjob_bin())
+            .arg("elect")
+            .args(["--redis", &urls.join(",")])
+            .args(&args)
+            .env_remove("LOCKEDJOB_REDIS_URLS")
+            .output()
+            .expect("run lockedjob elect");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(code), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains(fragment),
+            "{args:?}: expected {fragment:?} in {stderr}"
+        );
+        assert!(!stderr.contains("panicked"), "{stderr}");
+    }
+}

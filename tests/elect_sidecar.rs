@@ -1,0 +1,346 @@
+//! `lockedjob elect --sidecar` against the real API server of the local control plane and real
+//! Redis nodes: the pod condition, label and mirror Lease follow the leader, a dead leader's
+//! marks are cleared by its successor, and a missing right is named.
+//!
+//! The pods are created with a scheduling gate, so no node runs them and only the sidecars
+//! (local processes here) write their conditions; that the kubelet then turns the
+//! `readinessGate` into the pod's Ready condition is the kubelet's part, not exercised here.
+
+mod support;
+
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use kube::api::{Api, PostParams};
+use lockedjob::elect::{lease_name, LEADER_CONDITION, LEADER_LABEL};
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use serde_json::json;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+use support::kubernetes::{
+    client_for, create_namespace, delete_namespace, eventually, local_cluster,
+};
+use support::{lockedjob_bin, Persistence, RedisNodes, SetChecks};
+
+/// A kubeconfig that acts as ServiceAccount `account` of `namespace` (a token from the API).
+fn kubeconfig_of(
+    local: &localcluster::LocalCluster,
+    namespace: &str,
+    account: &str,
+    dir: &Path,
+) -> std::path::PathBuf {
+    let token = local
+        .tool("kubectl")
+        .args(["create", "token", account, "-n", namespace])
+        .output()
+        .expect("kubectl create token");
+    assert!(
+        token.status.success(),
+        "{}",
+        String::from_utf8_lossy(&token.stderr)
+    );
+    let token = String::from_utf8_lossy(&token.stdout).trim().to_string();
+    let path = dir.join(format!("kubeconfig-{account}"));
+    std::fs::write(
+        &path,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: {server}\n    certificate-authority: {ca}\nusers:\n- name: {account}\n  user:\n    token: {token}\ncontexts:\n- name: c\n  context:\n    cluster: c\n    user: {account}\ncurrent-context: c\n",
+            server = local.server(),
+            ca = local.ca_cert().display(),
+        ),
+    )
+    .expect("kubeconfig");
+    path
+}
+
+/// The chart's leader-election RBAC for `namespace`, rendered by helm and applied.
+fn apply_chart_rbac(local: &localcluster::LocalCluster, namespace: &str, dir: &Path) {
+    let chart = concat!(env!("CARGO_MANIFEST_DIR"), "/charts/lockedjob-operator");
+    let rendered = local
+        .tool("helm")
+        .args(["template", "locks", chart, "--namespace", "lockedjob"])
+        .args([
+            "--set",
+            &format!("leaderElection.namespaces={{{namespace}}}"),
+        ])
+        .args(["--show-only", "templates/leader-election-rbac.yaml"])
+        .output()
+        .expect("helm template");
+    assert!(
+        rendered.status.success(),
+        "{}",
+        String::from_utf8_lossy(&rendered.stderr)
+    );
+    let file = dir.join("rbac.yaml");
+    std::fs::write(&file, &rendered.stdout).expect("rbac.yaml");
+    let applied = local
+        .tool("kubectl")
+        .args(["apply", "-f"])
+        .arg(&file)
+        .output()
+        .expect("kubectl apply");
+    assert!(
+        applied.status.success(),
+        "{}",
+        String::from_utf8_lossy(&applied.stderr)
+    );
+}
+
+fn sidecar(urls: &[String], kubeconfig: &Path, namespace: &str, pod: &str, log: &Path) -> Child {
+    Command::new(lockedjob_bin())
+        .args(["elect", "writer", "--sidecar"])
+        .args(["--redis", &urls.join(",")])
+        .args([
+            "--cluster-id",
+            "ci",
+            "--runner-name",
+            pod,
+            "--pod-namespace",
+            namespace,
+        ])
+        .args(["--ttl", "3s", "--retry-interval", "200ms"])
+        .env("KUBECONFIG", kubeconfig)
+        .env("RUST_LOG", "info,kube=warn")
+        .env_remove("LOCKEDJOB_REDIS_URLS")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(log).expect("log file"))
+        .spawn()
+        .expect("spawn lockedjob elect --sidecar")
+}
+
+/// A pod no node will run: only the sidecars write its status.
+async fn gated_pod(pods: &Api<Pod>, name: &str) {
+    let pod = json!({
+        "metadata": {"name": name, "labels": {"app": "writer"}},
+        "spec": {
+            "schedulingGates": [{"name": "lockedjob.dev/test"}],
+            "readinessGates": [{"conditionType": LEADER_CONDITION}],
+            "containers": [{"name": "main", "image": "busybox:1.36", "command": ["sleep", "1000"]}],
+        },
+    });
+    pods.create(
+        &PostParams::default(),
+        &serde_json::from_value(pod).expect("pod"),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("create pod {name}: {e}"));
+}
+
+/// (condition status, has the leader label) of a pod.
+async fn marks(pods: &Api<Pod>, name: &str) -> (Option<String>, bool) {
+    let Ok(pod) = pods.get(name).await else {
+        return (None, false);
+    };
+    let condition = pod
+        .status
+        .and_then(|s| s.conditions)
+        .unwrap_or_default()
+        .into_iter()
+        .find(|c| c.type_ == LEADER_CONDITION)
+        .map(|c| c.status);
+    let labelled = pod
+        .metadata
+        .labels
+        .is_some_and(|l| l.get(LEADER_LABEL).map(String::as_str) == Some("true"));
+    (condition, labelled)
+}
+
+async fn lease_holder(leases: &Api<Lease>) -> Option<(String, i32)> {
+    let spec = leases.get(&lease_name("writer")).await.ok()?.spec?;
+    Some((spec.holder_identity?, spec.lease_transitions.unwrap_or(0)))
+}
+
+fn leading() -> (Option<String>, bool) {
+    (Some("True".into()), true)
+}
+
+fn not_leading() -> (Option<String>, bool) {
+    (Some("False".into()), false)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pod_condition_label_and_lease_follow_the_leader() {
+    let local = local_cluster("east").await;
+    let client = client_for(&local.kubeconfig()).await;
+    let namespace = create_namespace(&client, "elect").await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
+    let leases: Api<Lease> = Api::namespaced(client.clone(), &namespace);
+    gated_pod(&pods, "writer-a").await;
+    gated_pod(&pods, "writer-b").await;
+    let nodes = RedisNodes::start(3, Persistence::None).expect("start redis-server");
+    let dir = tempfile::tempdir().expect("dir");
+    // The sidecars act as the chart's ServiceAccount, with the chart's Role and nothing more.
+    apply_chart_rbac(local, &namespace, dir.path());
+    let kubeconfig = kubeconfig_of(local, &namespace, "lockedjob-elect", dir.path());
+    let log = |pod: &str| dir.path().join(format!("{pod}.log"));
+    let logs = || {
+        ["writer-a", "writer-b"]
+            .map(|pod| {
+                format!(
+                    "--- {pod}\n{}",
+                    std::fs::read_to_string(log(pod)).unwrap_or_default()
+                )
+            })
+            .join("\n")
+    };
+
+    let mut a = sidecar(
+        &nodes.urls(),
+        &kubeconfig,
+        &namespace,
+        "writer-a",
+        &log("writer-a"),
+    );
+    assert!(
+        eventually(Duration::from_secs(20), || async {
+            marks(&pods, "writer-a").await == leading()
+        })
+        .await,
+        "a never showed it leads:\n{}",
+        logs()
+    );
+    let mut b = sidecar(
+        &nodes.urls(),
+        &kubeconfig,
+        &namespace,
+        "writer-b",
+        &log("writer-b"),
+    );
+    assert!(
+        eventually(Duration::from_secs(20), || async {
+            marks(&pods, "writer-b").await == not_leading()
+        })
+        .await,
+        "b never showed it does not lead:\n{}",
+        logs()
+    );
+    assert_eq!(marks(&pods, "writer-a").await, leading());
+    assert_eq!(lease_holder(&leases).await, Some(("ci/writer-a".into(), 0)));
+
+    // a's sidecar dies without stepping down: b leads after the TTL and clears a's marks.
+    kill(Pid::from_raw(a.id() as i32), Signal::SIGKILL).expect("kill -9 a");
+    let _ = a.wait();
+    assert!(
+        eventually(Duration::from_secs(20), || async {
+            marks(&pods, "writer-b").await == leading()
+                && marks(&pods, "writer-a").await == not_leading()
+        })
+        .await,
+        "b did not take over cleanly: a {:?}, b {:?}\n{}",
+        marks(&pods, "writer-a").await,
+        marks(&pods, "writer-b").await,
+        logs()
+    );
+    assert_eq!(lease_holder(&leases).await, Some(("ci/writer-b".into(), 1)));
+
+    // A graceful stop: marks off, lock released at once.
+    kill(Pid::from_raw(b.id() as i32), Signal::SIGTERM).expect("SIGTERM b");
+    let status = b.wait().expect("b exits");
+    assert_eq!(status.code(), Some(0), "{}", logs());
+    assert_eq!(marks(&pods, "writer-b").await, not_leading());
+    assert_eq!(
+        nodes.count_key("lockedjob:lock:writer"),
+        0,
+        "leadership released"
+    );
+    delete_namespace(&client, &namespace).await;
+}
+
+/// The README's example Deployment (native sidecar, readiness gate, Service) is accepted by the
+/// real API server as written, in a namespace of the test's own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_example_leader_deployment_is_accepted_by_the_api_server() {
+    let local = local_cluster("east").await;
+    let client = client_for(&local.kubeconfig()).await;
+    let namespace = create_namespace(&client, "elect-example").await;
+    let example = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/examples/leader-election/deployment.yaml"
+    ))
+    .expect("the example");
+    let dir = tempfile::tempdir().expect("dir");
+    let file = dir.path().join("deployment.yaml");
+    std::fs::write(
+        &file,
+        example.replace("namespace: demo", &format!("namespace: {namespace}")),
+    )
+    .expect("write");
+    let out = local
+        .tool("kubectl")
+        .args(["apply", "--dry-run=server", "-f"])
+        .arg(&file)
+        .output()
+        .expect("kubectl apply");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    delete_namespace(&client, &namespace).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sidecar_without_the_right_to_patch_its_pod_status_says_which_right() {
+    let local = local_cluster("east").await;
+    let client = client_for(&local.kubeconfig()).await;
+    let namespace = create_namespace(&client, "elect-rbac").await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
+    gated_pod(&pods, "writer-a").await;
+    // A ServiceAccount that may patch pods but not pods/status.
+    let params = PostParams::default();
+    let account: ServiceAccount =
+        serde_json::from_value(json!({"metadata": {"name": "sidecar"}})).expect("sa");
+    Api::<ServiceAccount>::namespaced(client.clone(), &namespace)
+        .create(&params, &account)
+        .await
+        .expect("create the ServiceAccount");
+    let role: Role = serde_json::from_value(json!({
+        "metadata": {"name": "sidecar"},
+        "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "patch"]}],
+    }))
+    .expect("role");
+    Api::<Role>::namespaced(client.clone(), &namespace)
+        .create(&params, &role)
+        .await
+        .expect("create the Role");
+    let binding: RoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": "sidecar"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "sidecar"},
+        "subjects": [{"kind": "ServiceAccount", "name": "sidecar", "namespace": namespace}],
+    }))
+    .expect("binding");
+    Api::<RoleBinding>::namespaced(client.clone(), &namespace)
+        .create(&params, &binding)
+        .await
+        .expect("create the RoleBinding");
+    let dir = tempfile::tempdir().expect("dir");
+    let kubeconfig = kubeconfig_of(local, &namespace, "sidecar", dir.path());
+    let nodes = RedisNodes::start(1, Persistence::None).expect("start redis-server");
+    let out = Command::new(lockedjob_bin())
+        .args([
+            "elect",
+            "writer",
+            "--sidecar",
+            "--redis",
+            &nodes.urls().join(","),
+        ])
+        .args(["--runner-name", "writer-a", "--pod-namespace", &namespace])
+        .env("KUBECONFIG", &kubeconfig)
+        .env_remove("LOCKEDJOB_REDIS_URLS")
+        .output()
+        .expect("run lockedjob elect --sidecar");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(64), "{stderr}");
+    assert!(
+        stderr.contains("cannot patch pods/status in namespace") && stderr.contains("forbidden"),
+        "{stderr}"
+    );
+    assert_eq!(
+        nodes.count_key("lockedjob:lock:writer"),
+        0,
+        "it never campaigned"
+    );
+    delete_namespace(&client, &namespace).await;
+}
