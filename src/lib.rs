@@ -11,6 +11,7 @@ pub mod child;
 pub mod controller;
 pub mod elect;
 pub mod exec;
+pub mod http;
 pub mod lab;
 pub mod metrics;
 pub mod next;

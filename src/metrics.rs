@@ -226,9 +226,19 @@ impl Metrics {
 
     /// The registry in the Prometheus text format.
     pub fn render(&self) -> String {
+        self.render_with(&[])
+    }
+
+    /// This registry and `others` (a subcommand's own metrics) as one exposition.
+    pub fn render_with(&self, others: &[&Registry]) -> String {
+        use prometheus_client::encoding::text::{encode_eof, encode_registry};
         let mut out = String::new();
         // Writing into a String cannot fail.
-        let _ = prometheus_client::encoding::text::encode(&mut out, &self.inner.registry);
+        let _ = encode_registry(&mut out, &self.inner.registry);
+        for registry in others {
+            let _ = encode_registry(&mut out, registry);
+        }
+        let _ = encode_eof(&mut out);
         out
     }
 }

@@ -88,9 +88,42 @@ fn apply_chart_rbac(local: &localcluster::LocalCluster, namespace: &str, dir: &P
     );
 }
 
-fn sidecar(urls: &[String], kubeconfig: &Path, namespace: &str, pod: &str, log: &Path) -> Child {
+/// `GET path` on a sidecar's address: (status code, body); (0, "") when nothing answers.
+fn get(port: u16, path: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let Ok(mut stream) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+        return (0, String::new());
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
+    let _ = write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n"
+    );
+    let mut response = String::new();
+    let _ = stream.read_to_string(&mut response);
+    let status = response
+        .split_whitespace()
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or(0);
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    (status, body)
+}
+
+fn sidecar(
+    urls: &[String],
+    kubeconfig: &Path,
+    namespace: &str,
+    pod: &str,
+    port: u16,
+    log: &Path,
+) -> Child {
     Command::new(lockedjob_bin())
         .args(["elect", "writer", "--sidecar"])
+        .args(["--leader-addr", &format!("127.0.0.1:{port}")])
         .args(["--redis", &urls.join(",")])
         .args([
             "--cluster-id",
@@ -186,11 +219,13 @@ async fn the_pod_condition_label_and_lease_follow_the_leader() {
             .join("\n")
     };
 
+    let (port_a, port_b) = (support::free_port(), support::free_port());
     let mut a = sidecar(
         &nodes.urls(),
         &kubeconfig,
         &namespace,
         "writer-a",
+        port_a,
         &log("writer-a"),
     );
     assert!(
@@ -206,6 +241,7 @@ async fn the_pod_condition_label_and_lease_follow_the_leader() {
         &kubeconfig,
         &namespace,
         "writer-b",
+        port_b,
         &log("writer-b"),
     );
     assert!(
@@ -218,6 +254,21 @@ async fn the_pod_condition_label_and_lease_follow_the_leader() {
     );
     assert_eq!(marks(&pods, "writer-a").await, leading());
     assert_eq!(lease_holder(&leases).await, Some(("ci/writer-a".into(), 0)));
+    // The workload's view: /leader answers only on the leader, with its token.
+    let (status, body) = get(port_a, "/leader");
+    assert_eq!(status, 200, "{body}");
+    let record: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+    assert_eq!(
+        (&record["holder"], &record["token"]),
+        (&"ci/writer-a".into(), &1.into())
+    );
+    assert_eq!(get(port_b, "/leader").0, 503);
+    let (_, metrics) = get(port_a, "/metrics");
+    assert!(
+        metrics.contains("lockedjob_leader 1") && metrics.contains("lockedjob_leader_token 1"),
+        "{metrics}"
+    );
+    assert!(metrics.trim_end().ends_with("# EOF"), "{metrics}");
 
     // a's sidecar dies without stepping down: b leads after the TTL and clears a's marks.
     kill(Pid::from_raw(a.id() as i32), Signal::SIGKILL).expect("kill -9 a");
@@ -234,6 +285,7 @@ async fn the_pod_condition_label_and_lease_follow_the_leader() {
         logs()
     );
     assert_eq!(lease_holder(&leases).await, Some(("ci/writer-b".into(), 1)));
+    assert_eq!(get(port_b, "/leader").0, 200);
 
     // A graceful stop: marks off, lock released at once.
     kill(Pid::from_raw(b.id() as i32), Signal::SIGTERM).expect("SIGTERM b");
@@ -327,6 +379,10 @@ async fn a_sidecar_without_the_right_to_patch_its_pod_status_says_which_right() 
             &nodes.urls().join(","),
         ])
         .args(["--runner-name", "writer-a", "--pod-namespace", &namespace])
+        .args([
+            "--leader-addr",
+            &format!("127.0.0.1:{}", support::free_port()),
+        ])
         .env("KUBECONFIG", &kubeconfig)
         .env_remove("LOCKEDJOB_REDIS_URLS")
         .output()

@@ -11,6 +11,7 @@
 //! and after a lost lease stops the command and campaigns again.
 
 mod kubernetes;
+mod metrics;
 mod observe;
 mod token_file;
 
@@ -20,12 +21,20 @@ pub use token_file::LeaderRecord;
 
 use crate::child::{self, Signals};
 use crate::exec::{LeaseEvent, Ran, Work, EXIT_SPAWN_FAILED, EXIT_USAGE};
+use crate::http::Reply;
+use crate::metrics::Metrics;
 use crate::options::{parse_duration, RedisOptions};
 use crate::redlock::{Lease, LeaseTiming, LockError, Redlock, Watchdog};
+use jiff::Timestamp;
 use kubernetes::PodMirror;
+use metrics::ElectionMetrics;
+use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 use token_file::TokenFile;
+use tokio::sync::watch;
+use tokio_util::task::AbortOnDropHandle;
 use tracing::Instrument;
 
 #[derive(Debug, Clone, clap::Args)]
@@ -65,6 +74,11 @@ pub struct ElectArgs {
     /// it turns on the pod's condition, label and the mirror Lease.
     #[arg(long, env = "POD_NAMESPACE", requires = "sidecar")]
     pub pod_namespace: Option<String>,
+    /// Where the sidecar answers `GET /leader` (200 with the token file's JSON while this pod
+    /// leads, 503 otherwise), `/healthz` and `/metrics`. Loopback by default: only the pod's
+    /// own containers should ask.
+    #[arg(long, env = "LOCKEDJOB_LEADER_ADDR", default_value = "127.0.0.1:8087")]
+    pub leader_addr: SocketAddr,
     /// Print a line each time the leader changes, instead of campaigning.
     #[arg(long, conflicts_with_all = ["command", "token_file", "sidecar"])]
     pub observe: bool,
@@ -115,7 +129,8 @@ pub async fn run(args: ElectArgs) -> i32 {
             return EXIT_USAGE;
         }
     };
-    let engine = match Redlock::new(config) {
+    let metrics = Metrics::new();
+    let engine = match Redlock::with_metrics(config, metrics.clone()) {
         Ok(engine) => engine,
         Err(e) => {
             eprintln!("lockedjob elect: {e}");
@@ -134,12 +149,29 @@ pub async fn run(args: ElectArgs) -> i32 {
                 return EXIT_USAGE;
             }
         };
+        let listener = match tokio::net::TcpListener::bind(args.leader_addr).await {
+            Ok(listener) => listener,
+            Err(e) => {
+                eprintln!(
+                    "lockedjob elect: --leader-addr {}: {e}; give a free address",
+                    args.leader_addr
+                );
+                return EXIT_USAGE;
+            }
+        };
+        let (shown, _) = watch::channel(None);
         let sidecar = Sidecar {
             engine,
             timing,
             token_file,
             mirror,
+            shown,
+            election: Arc::new(ElectionMetrics::new()),
         };
+        let _server = AbortOnDropHandle::new(tokio::spawn(crate::http::serve(
+            listener,
+            sidecar.route(metrics),
+        )));
         return sidecar.run(&args).instrument(span).await;
     }
     lead_while_elected(engine, args, timing, token_file)
@@ -238,6 +270,9 @@ struct Sidecar {
     timing: LeaseTiming,
     token_file: Option<TokenFile>,
     mirror: Option<PodMirror>,
+    /// What `GET /leader` answers: the record while leading.
+    shown: watch::Sender<Option<LeaderRecord>>,
+    election: Arc<ElectionMetrics>,
 }
 
 /// How long one update of the pod or the Lease may hold up the lease's own watch: a slow API
@@ -247,6 +282,23 @@ fn api_bound(timing: &LeaseTiming) -> Duration {
 }
 
 impl Sidecar {
+    /// The HTTP routes: `/leader` while the record is valid, `/healthz`, `/metrics`.
+    fn route(&self, engine_metrics: Metrics) -> impl Fn(&str) -> Reply + Send + Sync + 'static {
+        let shown = self.shown.subscribe();
+        let election = Arc::clone(&self.election);
+        move |path| match path {
+            "/leader" => match &*shown.borrow() {
+                Some(record) if record.valid_until > Timestamp::now() => {
+                    Reply::json(200, serde_json::to_string(record).unwrap_or_default())
+                }
+                _ => Reply::json(503, r#"{"leading":false}"#),
+            },
+            "/healthz" => Reply::text(200, "ok\n"),
+            "/metrics" => Reply::metrics(engine_metrics.render_with(&[&election.registry])),
+            _ => Reply::not_found(),
+        }
+    }
+
     /// Campaign, hold, step down and campaign again; return 0 on SIGTERM or SIGINT.
     async fn run(&self, args: &ElectArgs) -> i32 {
         let mut signals = Signals::watch();
@@ -281,6 +333,7 @@ impl Sidecar {
         let lost = watchdog.lost();
         let mut deadlines = watchdog.subscribe();
         let first = *deadlines.borrow_and_update();
+        self.election.elected(lease.token());
         self.show(&lease, LeaseEvent::Held(first), true).await;
         let stopped = loop {
             tokio::select! {
@@ -292,6 +345,7 @@ impl Sidecar {
                 }
             }
         };
+        self.election.stepped_down(!stopped);
         self.show(&lease, LeaseEvent::Lost, false).await;
         watchdog.release(&self.engine).await;
         stopped
@@ -302,6 +356,13 @@ impl Sidecar {
     async fn show(&self, lease: &Lease, event: LeaseEvent, elected: bool) {
         let ttl_seconds = i32::try_from(self.timing.ttl.as_secs().max(1)).unwrap_or(i32::MAX);
         let bound = api_bound(&self.timing);
+        // The endpoint is in this process: it changes at once, before the API calls.
+        self.shown.send_replace(match event {
+            LeaseEvent::Held(status) => {
+                Some(token_file::leader_record(lease, &self.timing, &status))
+            }
+            LeaseEvent::Lost => None,
+        });
         if let Some(mirror) = &self.mirror {
             let update = async {
                 match event {

@@ -14,7 +14,7 @@ pub(super) struct TokenFile {
 }
 
 /// The token file's content.
-#[derive(Debug, Serialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct LeaderRecord {
     pub lock: String,
