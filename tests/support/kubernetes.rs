@@ -70,7 +70,7 @@ pub async fn install_lockedjob_crd(client: &kube::Client, manager: &str) -> Resu
     crds.patch(
         name,
         &PatchParams::apply(manager).force(),
-        &Patch::Apply(LockedJob::crd()),
+        &Patch::Apply(lockedjob::api::crd()),
     )
     .await
     .map_err(|e| format!("apply the LockedJob CRD: {e}"))?;
