@@ -28,7 +28,7 @@ use std::time::Duration;
 pub const MAX_REQUEUE: Duration = Duration::from_secs(300);
 
 /// How long after a Job started or finished the replicas leave `status.active` to the run's
-/// own status patch, which carries the change (docs/design.md, "Status"). Three replicas writing
+/// own status patch, which carries the change (docs/design.md, "Status writes"). Three replicas writing
 /// it at once cost a write and two conflicts per change. Longer than the run's patch may take
 /// (`API_CALL_LIMIT`, 5 s) and its way back through the watch under load: with 3 s, at 1,000
 /// LockedJobs the replicas wrote most changes themselves, ~9 status patches a run.
