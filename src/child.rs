@@ -205,11 +205,11 @@ async fn on_spawner_thread<T: Send + 'static>(
 pub fn run_group_guard(group: &str) -> i32 {
     let Ok(group) = group.parse::<i32>() else {
         eprintln!("lockedjob group-guard: {group:?} is not a process group id");
-        return crate::exec::EXIT_USAGE;
+        return crate::cli::exit::USAGE;
     };
     if group <= 1 {
         eprintln!("lockedjob group-guard: refusing process group {group}");
-        return crate::exec::EXIT_USAGE;
+        return crate::cli::exit::USAGE;
     }
     // Signals meant for the supervisor's terminal or group are not the guard's business: it
     // ends when the supervisor does.

@@ -1,7 +1,8 @@
 //! The `lockedjob` command line. Only argument parsing and dispatch live here.
 
 use clap::{CommandFactory, Parser, Subcommand, ValueEnum};
-use lockedjob::exec::{self, ExecArgs, EXIT_USAGE};
+use lockedjob::cli::exec::{self, ExecArgs};
+use lockedjob::cli::exit;
 
 #[derive(Parser)]
 #[command(
@@ -43,7 +44,7 @@ enum Command {
     /// Exit codes: the command's own when it exits (leadership is released); 128+N when
     /// signal N arrived while campaigning; 64 bad usage or configuration; 127 command could
     /// not be started.
-    Elect(Box<lockedjob::elect::ElectArgs>),
+    Elect(Box<lockedjob::cli::elect::ElectArgs>),
     /// Run the Kubernetes operator: reconcile LockedJobs, run each due Job once under the lock.
     ///
     /// Exit codes: 0 after a graceful shutdown (SIGTERM/SIGINT); 64 bad configuration.
@@ -52,16 +53,16 @@ enum Command {
     /// progress registers).
     ///
     /// Exit codes: 0 a quorum of nodes answered; 69 fewer did; 64 bad usage.
-    Status(Box<lockedjob::status::StatusArgs>),
+    Status(Box<lockedjob::cli::status::StatusArgs>),
     /// Print the next scheduled times of a cron expression or of a LockedJob.
     ///
     /// Exit codes: 0; 1 the schedule has no future time; 64 bad expression or no such LockedJob.
-    Next(lockedjob::next::NextArgs),
+    Next(lockedjob::cli::next::NextArgs),
     /// Run the scheduled times of a past range once each (`--from`, `--to`), cancel that
     /// (`--cancel`), or show how far it got (neither).
     ///
     /// Exit codes: 0; 64 bad range or no such LockedJob; 69 the cluster cannot be reached.
-    Backfill(lockedjob::backfill::BackfillArgs),
+    Backfill(lockedjob::cli::backfill::BackfillArgs),
     /// Print a shell completion script, e.g. `lockedjob completions bash > /etc/bash_completion.d/lockedjob`.
     Completions { shell: clap_complete::Shell },
     /// Print the LockedJob CustomResourceDefinition (YAML), as committed in crds/.
@@ -84,7 +85,7 @@ fn main() {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {
-            let code = if e.use_stderr() { EXIT_USAGE } else { 0 };
+            let code = if e.use_stderr() { exit::USAGE } else { 0 };
             let _ = e.print();
             std::process::exit(code);
         }
@@ -127,12 +128,12 @@ fn main() {
     let code = runtime.block_on(async move {
         match cli.command {
             Command::Exec(args) => exec::run(*args).await,
-            Command::Elect(args) => lockedjob::elect::run(*args).await,
+            Command::Elect(args) => lockedjob::cli::elect::run(*args).await,
             Command::Operator(args) => lockedjob::controller::run(*args).await,
             Command::LabClient(args) => lockedjob::lab::client::run(args).await,
-            Command::Status(args) => lockedjob::status::run(*args).await,
-            Command::Next(args) => lockedjob::next::run(args).await,
-            Command::Backfill(args) => lockedjob::backfill::run(args).await,
+            Command::Status(args) => lockedjob::cli::status::run(*args).await,
+            Command::Next(args) => lockedjob::cli::next::run(args).await,
+            Command::Backfill(args) => lockedjob::cli::backfill::run(args).await,
             Command::Crd
             | Command::Lab(_)
             | Command::Completions { .. }

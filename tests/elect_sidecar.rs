@@ -12,7 +12,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::api::{Api, PostParams};
-use lockedjob::elect::{lease_name, LEADER_CONDITION, LEADER_LABEL};
+use lockedjob::cli::elect::{lease_name, LEADER_CONDITION, LEADER_LABEL};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use serde_json::json;

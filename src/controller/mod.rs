@@ -17,6 +17,7 @@ pub mod status;
 pub use memory::return_large_allocations_to_the_system;
 
 use crate::api::LockedJob;
+use crate::cli::exit;
 use crate::metrics::Metrics;
 use crate::options::RedisOptions;
 use crate::redlock::Redlock;
@@ -57,9 +58,6 @@ pub struct OperatorArgs {
     #[arg(long, env = "LOCKEDJOB_API_CONCURRENCY", default_value_t = 32, value_parser = clap::value_parser!(u16).range(1..))]
     pub api_concurrency: u16,
 }
-
-/// Exit code for bad configuration (as `exec`).
-pub const EXIT_CONFIG: i32 = 64;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -185,7 +183,7 @@ impl Context {
 /// Runs the operator until SIGTERM/SIGINT; returns the process exit code.
 pub async fn run(args: OperatorArgs) -> i32 {
     let Some((client, engine, metrics)) = connect(&args).await else {
-        return EXIT_CONFIG;
+        return exit::USAGE;
     };
     let scopes = scopes(&args.namespaces);
     // Everything that runs beside the controllers; aborted when this returns.
@@ -209,7 +207,7 @@ pub async fn run(args: OperatorArgs) -> i32 {
         Ok(listener) => background.spawn(health::serve(listener, Arc::clone(&ctx))),
         Err(e) => {
             tracing::error!(addr = %args.metrics_addr, error = %e, "cannot listen for /healthz, /readyz and /metrics");
-            return EXIT_CONFIG;
+            return exit::USAGE;
         }
     };
     background.spawn(probe_redis(Arc::clone(&ctx)));

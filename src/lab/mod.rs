@@ -20,8 +20,8 @@ use std::path::{Path, PathBuf};
 /// Exit codes of `lockedjob lab`.
 pub const EXIT_AS_EXPECTED: i32 = 0;
 pub const EXIT_UNEXPECTED: i32 = 1;
-pub const EXIT_USAGE: i32 = 64;
-pub const EXIT_UNAVAILABLE: i32 = 69;
+pub const EXIT_USAGE: i32 = crate::cli::exit::USAGE;
+pub const EXIT_UNAVAILABLE: i32 = crate::cli::exit::UNAVAILABLE;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
 #[serde(rename_all = "kebab-case")]

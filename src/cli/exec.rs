@@ -1,28 +1,20 @@
 //! `lockedjob exec`: run a command only while holding a lock, like `etcdctl lock` or
 //! `consul lock`.
 //!
-//! Exit codes: the child's own (128 + signal when a signal ended it); [`EXIT_NOT_ACQUIRED`]
-//! when the lock was not acquired within `--wait`; [`EXIT_LEASE_LOST`] when the lease was lost
-//! and the child was stopped; [`EXIT_USAGE`] for bad usage or configuration;
-//! [`EXIT_SPAWN_FAILED`] when the command could not be started.
+//! Exit codes: the child's own (128 + signal when a signal ended it); [`exit::NOT_ACQUIRED`]
+//! when the lock was not acquired within `--wait`; [`exit::LEASE_LOST`] when the lease was lost
+//! and the child was stopped; [`exit::USAGE`] for bad usage or configuration;
+//! [`exit::SPAWN_FAILED`] when the command could not be started.
 
 use crate::api::{ENV_FENCING_TOKEN, ENV_HOLDER, ENV_LOCK_NAME};
 use crate::child::{self, Signals};
+use crate::cli::exit;
 use crate::options::{parse_duration, RedisOptions};
 use crate::redlock::{Lease, LeaseStatus, LeaseTiming, LockError, Redlock, Watchdog, DEFAULT_TTL};
 use std::process::ExitStatus;
 use std::time::Duration;
 use tokio::process::Command;
 use tracing::Instrument;
-
-/// Bad usage or configuration (sysexits EX_USAGE).
-pub const EXIT_USAGE: i32 = 64;
-/// The lock was not acquired within `--wait` (sysexits EX_TEMPFAIL: try again later).
-pub const EXIT_NOT_ACQUIRED: i32 = 75;
-/// The lease was lost while the command ran; the command was stopped.
-pub const EXIT_LEASE_LOST: i32 = 76;
-/// The command could not be started (as shells do for "command not found").
-pub const EXIT_SPAWN_FAILED: i32 = 127;
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct ExecArgs {
@@ -80,17 +72,17 @@ pub async fn run(args: ExecArgs) -> i32 {
     let config = args.redis.engine_config();
     if let Err(e) = timing.validate(config.drift_factor) {
         eprintln!("lockedjob exec: {e}");
-        return EXIT_USAGE;
+        return exit::USAGE;
     }
     if args.lock.trim().is_empty() {
         eprintln!("lockedjob exec: --lock must name the lock");
-        return EXIT_USAGE;
+        return exit::USAGE;
     }
     let engine = match Redlock::new(config) {
         Ok(engine) => engine,
         Err(e) => {
             eprintln!("lockedjob exec: {e}");
-            return EXIT_USAGE;
+            return exit::USAGE;
         }
     };
     let span = tracing::info_span!("exec", lock = %args.lock, token = tracing::field::Empty);
@@ -115,11 +107,11 @@ async fn run_locked(engine: Redlock, args: ExecArgs, timing: LeaseTiming) -> i32
         Ok(lease) => lease,
         Err(LockError::Config(e)) => {
             eprintln!("lockedjob exec: {e}");
-            return EXIT_USAGE;
+            return exit::USAGE;
         }
         Err(e) => {
             eprintln!("lockedjob exec: lock {:?} not acquired: {e}", args.lock);
-            return EXIT_NOT_ACQUIRED;
+            return exit::NOT_ACQUIRED;
         }
     };
     tracing::Span::current().record("token", lease.token());
@@ -144,15 +136,15 @@ async fn run_locked(engine: Redlock, args: ExecArgs, timing: LeaseTiming) -> i32
                 "lockedjob exec: lease on {:?} lost (no Redis quorum renewed it); the command was stopped",
                 args.lock
             );
-            EXIT_LEASE_LOST
+            exit::LEASE_LOST
         }
         Ran::NotStarted(e) => {
             eprintln!("lockedjob exec: cannot start {:?}: {e}", args.command[0]);
-            EXIT_SPAWN_FAILED
+            exit::SPAWN_FAILED
         }
         Ran::WaitFailed(e) => {
             eprintln!("lockedjob exec: waiting for the command failed: {e}");
-            EXIT_SPAWN_FAILED
+            exit::SPAWN_FAILED
         }
     }
 }

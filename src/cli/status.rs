@@ -1,14 +1,11 @@
 //! `lockedjob status LOCK`: who holds a lock and what every node stores for it, like
 //! `etcdctl lock` users read with `etcdctl get --prefix`. Reads only.
 
-use crate::exec::EXIT_USAGE;
+use crate::cli::exit;
 use crate::options::RedisOptions;
 use crate::redlock::{LockView, Redlock};
 use jiff::Timestamp;
 use std::fmt::Write as _;
-
-/// Exit code when fewer than a quorum of nodes answered (sysexits' EX_UNAVAILABLE).
-pub const EXIT_NO_QUORUM: i32 = 69;
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
 pub enum Output {
@@ -31,13 +28,13 @@ pub struct StatusArgs {
 pub async fn run(args: StatusArgs) -> i32 {
     if args.lock.trim().is_empty() {
         eprintln!("lockedjob status: LOCK must name the lock");
-        return EXIT_USAGE;
+        return exit::USAGE;
     }
     let engine = match Redlock::new(args.redis.engine_config()) {
         Ok(engine) => engine,
         Err(e) => {
             eprintln!("lockedjob status: {e}");
-            return EXIT_USAGE;
+            return exit::USAGE;
         }
     };
     let view = engine.inspect(&args.lock).await;
@@ -52,7 +49,7 @@ pub async fn run(args: StatusArgs) -> i32 {
         },
     }
     if view.answered < view.quorum {
-        EXIT_NO_QUORUM
+        exit::UNAVAILABLE
     } else {
         0
     }

@@ -3,14 +3,13 @@
 //! removes it; with neither, shows the backfill's progress from the LockedJob's status.
 
 use crate::api::{BackfillStatus, LockedJob, ANNOTATION_BACKFILL};
-use crate::exec::EXIT_USAGE;
+use crate::cli::exit;
 use crate::schedule::{BackfillRange, Schedule};
 use jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 
 /// Exit code when the cluster cannot be reached or refuses the change.
-const EXIT_UNAVAILABLE: i32 = 69;
 
 #[derive(Debug, clap::Args)]
 pub struct BackfillArgs {
@@ -60,7 +59,7 @@ pub async fn run(args: BackfillArgs) -> i32 {
 }
 
 async fn execute(args: BackfillArgs) -> Result<String, (i32, String)> {
-    let unavailable = |message: String| (EXIT_UNAVAILABLE, message);
+    let unavailable = |message: String| (exit::UNAVAILABLE, message);
     let client = kube::Client::try_default()
         .await
         .map_err(|e| unavailable(format!("no cluster to reach: {e}")))?;
@@ -75,7 +74,7 @@ async fn execute(args: BackfillArgs) -> Result<String, (i32, String)> {
         .map_err(|e| unavailable(format!("cannot read LockedJob {name}: {e}")))?
         .ok_or_else(|| {
             (
-                EXIT_USAGE,
+                exit::USAGE,
                 format!("no LockedJob {name:?} in that namespace"),
             )
         })?;
@@ -83,10 +82,10 @@ async fn execute(args: BackfillArgs) -> Result<String, (i32, String)> {
     let value = match (args.from, args.to, args.cancel) {
         (Some(from), Some(to), false) => {
             let schedule = Schedule::parse(&lj.spec.schedule, lj.spec.time_zone.as_deref())
-                .map_err(|e| (EXIT_USAGE, format!("LockedJob {name}: {e}")))?;
+                .map_err(|e| (exit::USAGE, format!("LockedJob {name}: {e}")))?;
             let value = BackfillRange { from, to }.annotation();
             let range = BackfillRange::parse(&value, &schedule, Timestamp::now())
-                .map_err(|message| (EXIT_USAGE, message))?;
+                .map_err(|message| (exit::USAGE, message))?;
             Some((value, range.count(&schedule)))
         }
         (None, None, true) => None,
@@ -98,7 +97,7 @@ async fn execute(args: BackfillArgs) -> Result<String, (i32, String)> {
         }
         _ => {
             return Err((
-                EXIT_USAGE,
+                exit::USAGE,
                 "give --from and --to together, or --cancel".into(),
             ))
         }

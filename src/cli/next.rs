@@ -2,7 +2,7 @@
 //! LockedJob in the cluster, for checking an expression before applying it.
 
 use crate::api::LockedJob;
-use crate::exec::EXIT_USAGE;
+use crate::cli::exit;
 use crate::schedule::Schedule;
 use jiff::Timestamp;
 use kube::api::Api;
@@ -63,7 +63,7 @@ pub async fn run(args: NextArgs) -> i32 {
         Ok(schedule) => schedule,
         Err(message) => {
             eprintln!("lockedjob next: {message}");
-            return EXIT_USAGE;
+            return exit::USAGE;
         }
     };
     let times = upcoming(

@@ -20,7 +20,8 @@ pub use observe::Observed;
 pub use token_file::LeaderRecord;
 
 use crate::child::{self, Signals};
-use crate::exec::{LeaseEvent, Ran, Work, EXIT_SPAWN_FAILED, EXIT_USAGE};
+use crate::cli::exec::{LeaseEvent, Ran, Work};
+use crate::cli::exit;
 use crate::http::Reply;
 use crate::metrics::Metrics;
 use crate::options::{parse_duration, RedisOptions};
@@ -108,25 +109,25 @@ pub async fn run(args: ElectArgs) -> i32 {
             "lockedjob elect: LOCK must name the election's lock (no control characters), got {:?}",
             args.lock
         );
-        return EXIT_USAGE;
+        return exit::USAGE;
     }
     if !args.observe {
         if let Err(e) = timing.validate(config.drift_factor) {
             eprintln!("lockedjob elect: {e}");
-            return EXIT_USAGE;
+            return exit::USAGE;
         }
     }
     if args.retry_interval.is_zero() || args.poll_interval.is_zero() {
         eprintln!(
             "lockedjob elect: --retry-interval and --poll-interval must be greater than zero"
         );
-        return EXIT_USAGE;
+        return exit::USAGE;
     }
     let token_file = match args.token_file.as_deref().map(TokenFile::new).transpose() {
         Ok(file) => file,
         Err(e) => {
             eprintln!("lockedjob elect: {e}");
-            return EXIT_USAGE;
+            return exit::USAGE;
         }
     };
     let metrics = Metrics::new();
@@ -134,7 +135,7 @@ pub async fn run(args: ElectArgs) -> i32 {
         Ok(engine) => engine,
         Err(e) => {
             eprintln!("lockedjob elect: {e}");
-            return EXIT_USAGE;
+            return exit::USAGE;
         }
     };
     if args.observe {
@@ -146,7 +147,7 @@ pub async fn run(args: ElectArgs) -> i32 {
             Ok(mirror) => mirror,
             Err(e) => {
                 eprintln!("lockedjob elect: {e}");
-                return EXIT_USAGE;
+                return exit::USAGE;
             }
         };
         let listener = match tokio::net::TcpListener::bind(args.leader_addr).await {
@@ -156,7 +157,7 @@ pub async fn run(args: ElectArgs) -> i32 {
                     "lockedjob elect: --leader-addr {}: {e}; give a free address",
                     args.leader_addr
                 );
-                return EXIT_USAGE;
+                return exit::USAGE;
             }
         };
         let (shown, _) = watch::channel(None);
@@ -224,7 +225,7 @@ async fn lead_while_elected(
             Ok(lease) => lease,
             Err(e) => {
                 eprintln!("lockedjob elect: {e}");
-                return EXIT_USAGE;
+                return exit::USAGE;
             }
         };
         tracing::Span::current().record("token", lease.token());
@@ -254,11 +255,11 @@ async fn lead_while_elected(
             }
             Ran::NotStarted(e) => {
                 eprintln!("lockedjob elect: cannot start {:?}: {e}", args.command[0]);
-                return EXIT_SPAWN_FAILED;
+                return exit::SPAWN_FAILED;
             }
             Ran::WaitFailed(e) => {
                 eprintln!("lockedjob elect: waiting for the command failed: {e}");
-                return EXIT_SPAWN_FAILED;
+                return exit::SPAWN_FAILED;
             }
         }
     }
@@ -311,7 +312,7 @@ impl Sidecar {
                 Ok(lease) => lease,
                 Err(e) => {
                     eprintln!("lockedjob elect: {e}");
-                    return EXIT_USAGE;
+                    return exit::USAGE;
                 }
             };
             tracing::Span::current().record("token", lease.token());
