@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Runs every check and test, as CI does. Installs what the tests need when missing: redis-server
-# (Debian), kubernetes-validate (PyPI), and the real control plane (etcd, kube-apiserver,
+# Runs every check and test, as CI does. Installs what the tests need when missing: cargo-machete
+# (crates.io), redis-server (Debian), kubernetes-validate (PyPI), and the real control plane (etcd, kube-apiserver,
 # kube-controller-manager, kube-scheduler, kubectl, helm) built from Go modules into a cache.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -38,6 +38,12 @@ echo "== cargo fmt --check"
 cargo fmt --all -- --check
 # The fuzz targets are their own workspace (nightly, scripts/fuzz.sh); keep them formatted too.
 cargo fmt --manifest-path fuzz/Cargo.toml -- --check
+echo "== cargo machete (unused dependencies)"
+if ! cargo machete --version >/dev/null 2>&1; then
+  echo "installing cargo-machete (crates.io)" >&2
+  cargo install --quiet --locked cargo-machete
+fi
+cargo machete
 echo "== cargo clippy"
 cargo clippy --locked --workspace --all-targets -- -D warnings
 echo "== benchmark smoke pass (cargo bench runs it in full)"
