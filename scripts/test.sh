@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Runs every check and test, as CI does. Installs what the tests need when missing: cargo-machete
-# (crates.io), redis-server (Debian), kubernetes-validate (PyPI), and the real control plane (etcd, kube-apiserver,
-# kube-controller-manager, kube-scheduler, kubectl, helm) built from Go modules into a cache.
+# Runs every check and test, as CI does. Installs what the tests need when missing:
+# cargo-machete (crates.io), redis-server (Debian), kubernetes-validate (PyPI), and the real
+# control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, helm)
+# built from Go modules into a cache.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
