@@ -2,7 +2,9 @@
 //! race for the lock and only the winner creates and supervises the Job (docs/design.md, "A run's
 //! life in the operator").
 
+mod context;
 mod decide;
+mod error;
 mod events;
 mod health;
 pub mod jobs;
@@ -14,6 +16,9 @@ mod run;
 mod runs;
 pub mod status;
 
+use context::store_ready;
+pub use context::{Context, MAX_LOCK_ATTEMPTS_IN_FLIGHT};
+pub use error::Error;
 pub use memory::return_large_allocations_to_the_system;
 
 use crate::api::LockedJob;
@@ -25,7 +30,7 @@ use futures::{FutureExt, StreamExt};
 use health::Health;
 use k8s_openapi::api::batch::v1::Job;
 use kube::runtime::controller::{self, Controller};
-use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::reflector::{self, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client};
 use runs::Runs;
@@ -57,127 +62,6 @@ pub struct OperatorArgs {
     /// the reconciles in flight too, at twice this.
     #[arg(long, env = "LOCKEDJOB_API_CONCURRENCY", default_value_t = 32, value_parser = clap::value_parser!(u16).range(1..))]
     pub api_concurrency: u16,
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    #[error("Kubernetes API: {0}")]
-    Kube(#[from] kube::Error),
-    #[error("LockedJob has no namespace")]
-    NoNamespace,
-    #[error("the Job watch cache stopped; the operator is shutting down")]
-    JobCacheGone,
-    #[error("finalizer {FINALIZER}: {0}")]
-    Finalizer(#[source] Box<kube::runtime::finalizer::Error<Error>>),
-}
-
-impl Error {
-    /// The kind, as `lockedjob_reconcile_errors_total{kind}` counts it.
-    pub fn kind(&self) -> &'static str {
-        use kube::runtime::finalizer::Error as F;
-        match self {
-            Error::Kube(_) => "kube",
-            Error::NoNamespace => "no_namespace",
-            Error::JobCacheGone => "job_cache_gone",
-            Error::Finalizer(inner) => match inner.as_ref() {
-                F::ApplyFailed(e) | F::CleanupFailed(e) => e.kind(),
-                F::AddFinalizer(_) if self.is_finalizer_race() => "finalizer_race",
-                F::AddFinalizer(_) | F::RemoveFinalizer(_) => "finalizer_patch",
-                F::UnnamedObject | F::InvalidFinalizer => "finalizer",
-            },
-        }
-    }
-
-    /// Another replica added the finalizer first: kube's patch carries a JSON-patch `test` of
-    /// the list it read, which fails with 422 (409 on a resourceVersion clash). Expected once
-    /// per new LockedJob for all replicas but one; the watch brings the new version.
-    pub fn is_finalizer_race(&self) -> bool {
-        use kube::runtime::finalizer::Error as F;
-        matches!(self, Error::Finalizer(inner) if matches!(inner.as_ref(),
-            F::AddFinalizer(kube::Error::Api(status)) if status.code == 422 || status.code == 409))
-    }
-}
-
-/// Shared by every reconcile and run task of one replica.
-pub struct Context {
-    pub client: Client,
-    pub engine: Redlock,
-    pub cluster_id: String,
-    /// `{clusterId}/{podName}`.
-    pub holder: String,
-    /// Which runs this replica starts and supervises, and when to try them again.
-    pub runs: Runs,
-    pub health: Health,
-    /// Cancelled on SIGTERM: no new runs; running ones are handed over.
-    pub shutdown: CancellationToken,
-    /// Watch caches of the operator's Jobs, one per watched scope (a namespace, or `None` for
-    /// all): reconciles and supervisors read Jobs here instead of asking the API server.
-    pub job_caches: Vec<(Option<String>, Store<Job>)>,
-    /// Bounds this replica's lock attempts in flight (renewals are not bounded here).
-    pub lock_attempts: tokio::sync::Semaphore,
-    /// Every task a reconcile starts (runs, adoptions, Events): shutdown waits for them, so a
-    /// run between winning its lock and supervising its Job still hands the lock over.
-    pub tasks: TaskTracker,
-    /// Rendered at `/metrics`; shared with the engine.
-    pub metrics: Metrics,
-}
-
-/// Lock attempts one replica has in flight at most. When a thousand LockedJobs fall due in the
-/// same second, firing every attempt at once overruns the nodes' request timeout; attempts
-/// that time out still cost the nodes their work plus a release, and their retries feed the
-/// overload. Queued here, they wait a moment and then succeed or lose cleanly.
-pub const MAX_LOCK_ATTEMPTS_IN_FLIGHT: usize = 32;
-
-impl Context {
-    pub fn nodes(&self) -> usize {
-        self.engine.node_labels().len()
-    }
-
-    fn job_cache(&self, namespace: &str) -> Option<&Store<Job>> {
-        self.job_caches
-            .iter()
-            .find(|(scope, _)| scope.as_deref().is_none_or(|s| s == namespace))
-            .map(|(_, store)| store)
-    }
-
-    /// The cached Jobs of `namespace` that `keep` accepts, once the cache has its first list.
-    pub async fn cached_jobs(
-        &self,
-        namespace: &str,
-        keep: impl Fn(&Job) -> bool,
-    ) -> Result<Vec<Arc<Job>>, Error> {
-        let cache = self.job_cache(namespace).ok_or(Error::JobCacheGone)?;
-        // Many reconciles wait on this cache at start-up: see `store_ready`.
-        if !store_ready(cache).await {
-            return Err(Error::JobCacheGone);
-        }
-        Ok(cache
-            .state_filter(|job| job.metadata.namespace.as_deref() == Some(namespace) && keep(job)))
-    }
-
-    /// The LockedJob's Jobs in the cache: its label and its owner reference (a Job left by an
-    /// earlier LockedJob of the same name has another owner uid).
-    pub async fn jobs_of(&self, lj: &LockedJob) -> Result<Vec<Arc<Job>>, Error> {
-        use kube::ResourceExt;
-        let (name, uid) = (lj.name_any(), lj.uid().unwrap_or_default());
-        self.cached_jobs(&lj.namespace().unwrap_or_default(), |j| {
-            j.labels().get(jobs::LABEL_LOCKED_JOB) == Some(&name)
-                && j.owner_references().iter().any(|r| r.uid == uid)
-        })
-        .await
-    }
-
-    /// One cached Job; `None` also when the cache has not seen it (yet).
-    pub fn cached_job(&self, namespace: &str, name: &str) -> Option<Arc<Job>> {
-        self.job_cache(namespace)?
-            .get(&ObjectRef::new(name).within(namespace))
-    }
-
-    pub fn is_ready(&self) -> bool {
-        self.health.synced()
-            && self.health.reachable() >= self.engine.quorum()
-            && !self.shutdown.is_cancelled()
-    }
 }
 
 /// Runs the operator until SIGTERM/SIGINT; returns the process exit code.
@@ -417,25 +301,6 @@ async fn hand_over(ctx: &Context) {
     }
 }
 
-/// Waits until a store has had its first list (false: its writer is gone). kube-runtime's
-/// `wait_until_ready` wakes only the last of several concurrent waiters (its one-shot channel
-/// keeps one waker), and the Controller waits on its own store too: a waiter that polled first
-/// could sleep forever, leaving a replica unready (seen with the chart's pods). A fresh wait
-/// every interval sees the value the other waiter received.
-async fn store_ready<K>(store: &Store<K>) -> bool
-where
-    K: kube::runtime::reflector::Lookup + Clone + 'static,
-    K::DynamicType: Eq + std::hash::Hash + Clone,
-{
-    loop {
-        if let Ok(result) = tokio::time::timeout(STORE_READY_POLL, store.wait_until_ready()).await {
-            return result.is_ok();
-        }
-    }
-}
-
-const STORE_READY_POLL: Duration = Duration::from_millis(200);
-
 /// How long shutdown waits for the runs to hand over: within the chart's 30-second
 /// termination grace period, and longer than a Job create that retries while its lease lasts.
 const SHUTDOWN_WAIT: Duration = Duration::from_secs(25);
@@ -474,31 +339,6 @@ async fn wait_for_shutdown(ctx: Arc<Context>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn errors_are_counted_by_kind_and_a_finalizer_race_is_told_apart() {
-        use kube::runtime::finalizer::Error as F;
-        let api = |code: u16| {
-            let status: kube::core::Status =
-                serde_json::from_value(serde_json::json!({"code": code})).expect("status");
-            kube::Error::Api(Box::new(status))
-        };
-        let table = [
-            (F::AddFinalizer(api(422)), "finalizer_race", true),
-            (F::AddFinalizer(api(409)), "finalizer_race", true),
-            (F::AddFinalizer(api(500)), "finalizer_patch", false),
-            (F::RemoveFinalizer(api(422)), "finalizer_patch", false),
-            (F::ApplyFailed(Error::JobCacheGone), "job_cache_gone", false),
-        ];
-        for (inner, kind, race) in table {
-            let error = Error::Finalizer(Box::new(inner));
-            assert_eq!(
-                (error.kind(), error.is_finalizer_race()),
-                (kind, race),
-                "{error}"
-            );
-        }
-    }
 
     #[test]
     fn user_agent_names_the_replica_or_falls_back_to_the_bare_name() {
