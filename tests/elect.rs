@@ -27,11 +27,11 @@ fn elect_cmd(urls: &[String], runner: &str, extra: &[&str]) -> Command {
     cmd
 }
 
-/// A candidate whose command appends "TOKEN HOLDER" to `log` when it starts leading, writes its
-/// pid to `DIR/RUNNER.pid`, then sleeps.
+/// A candidate whose command writes its pid to `DIR/RUNNER.pid`, appends "TOKEN HOLDER" to
+/// `DIR/leaders.log` when it starts leading, then sleeps.
 fn candidate(urls: &[String], dir: &Path, runner: &str, extra: &[&str]) -> Child {
     let script = format!(
-        "echo \"$LOCKEDJOB_FENCING_TOKEN $LOCKEDJOB_HOLDER\" >> {log}; echo $$ > {pid}; exec sleep 1000",
+        "echo $$ > {pid}; echo \"$LOCKEDJOB_FENCING_TOKEN $LOCKEDJOB_HOLDER\" >> {log}; exec sleep 1000",
         log = dir.join("leaders.log").display(),
         pid = dir.join(format!("{runner}.pid")).display(),
     );
@@ -157,7 +157,9 @@ fn a_leader_cut_off_from_the_quorum_steps_down_before_its_deadline_and_leads_aga
         ],
     );
     let _reap = Reap(vec![a]);
-    assert!(wait_until(Duration::from_secs(10), || token_file.exists()));
+    // The token file is written once the command is started, which may not have run yet.
+    assert!(wait_until(Duration::from_secs(10), || token_file.exists()
+        && command_pid(dir.path(), "a").is_some()));
     let record: serde_json::Value =
         serde_json::from_slice(&std::fs::read(&token_file).expect("token file"))
             .expect("the token file is JSON");
