@@ -7,8 +7,9 @@ use super::error::{Failures, LockError, NodeErrorKind, NodeFailure};
 use super::inspect::{LockView, NodeView};
 use super::lease::{holder_of, most_common, Lease};
 use super::node::Node;
+use super::phase1::{self, Decision, Tally, Vote};
 use super::scripts;
-use super::timing::{backoff, drift_allowance, may_hold_quorum, quorum, validity};
+use super::timing::{backoff, drift_allowance, quorum, validity};
 use crate::metrics::{Metrics, Outcome};
 use futures::future::join_all;
 use redis::FromRedisValue;
@@ -313,112 +314,57 @@ impl Redlock {
         grant.arg(&value).arg(ttl_ms).arg(proposal);
         let phase1 = self.round::<Grant>("acquire", &grant, None).await;
         let mut failures = phase1.failures;
-        let mut held = 0;
-        let mut granted = 0;
-        let mut raised = 0;
-        // The largest fence any answering node reported: every token this engine may return
-        // must exceed it (and the next proposal should).
-        let mut highest_fence = 0;
-        let mut done = 0;
-        let mut refused = vec![false; self.inner.nodes.len()];
-        let answered = phase1.replies.len();
-        let mut other_values: HashMap<String, usize> = HashMap::new();
-        for (index, (set, fence, progress, raised_here, current)) in phase1.replies {
-            // Any node's progress was raised by a holder that started that step, so the
-            // refusing nodes' values count too.
-            done = done.max(progress.unwrap_or(0));
-            highest_fence = highest_fence.max(fence.unwrap_or(0));
-            if set == 1 {
-                granted += 1;
-                raised += usize::from(raised_here == 1);
-            } else {
-                held += 1;
-                refused[index] = true;
-                if let Some(current) = current {
-                    *other_values.entry(current).or_default() += 1;
-                }
-                failures.push(self.failure(index, NodeErrorKind::WrongValue));
-            }
-        }
-        self.remember(name, highest_fence);
         let nodes = self.inner.nodes.len();
         let quorum = self.inner.quorum;
-        if granted < quorum {
-            // A node whose SET NX answered nil holds no value of ours (the value is new for
-            // this attempt), so it needs no delete; every other node does, including those
-            // that did not answer. With several contenders this halves a loser's traffic.
-            self.release_value_except(&lock_key, &value, &refused).await;
-            let lock = name.to_string();
-            let strongest_other = other_values.values().copied().max().unwrap_or(0);
-            return Err(match held {
-                0 => LockError::NoQuorum {
-                    lock,
-                    granted,
-                    quorum,
-                    nodes,
-                    failures,
-                },
-                _ if may_hold_quorum(strongest_other, nodes - answered, quorum) => {
-                    LockError::Contended {
-                        lock,
-                        granted,
-                        quorum,
-                        nodes,
-                        failures,
-                        progress: done,
+        let votes = phase1.replies.into_iter().map(|(index, reply)| {
+            let (set, fence, progress, raised, current) = reply;
+            let vote = Vote {
+                granted: set == 1,
+                fence,
+                progress,
+                raised: raised == 1,
+                current,
+            };
+            (index, vote)
+        });
+        let tally = Tally::of(nodes, votes);
+        for (index, _) in tally.refused.iter().enumerate().filter(|(_, r)| **r) {
+            failures.push(self.failure(index, NodeErrorKind::WrongValue));
+        }
+        self.remember(name, tally.highest_fence);
+        let refused = tally.refused.clone();
+        let decision = phase1::decide(&tally, nodes, quorum, proposal, step);
+        let token = match decision {
+            Decision::Token(token) => {
+                if let Some((progress_key, step)) = &progress {
+                    // The progress register says a holder *started* the step, so it is raised
+                    // only now that the lock is ours.
+                    if let Err(err) = self.raise_progress(name, progress_key, *step).await {
+                        self.release_value_except(&lock_key, &value, &refused).await;
+                        return Err(err);
                     }
                 }
-                _ => LockError::SplitVote {
-                    lock,
-                    granted,
-                    strongest_other,
-                    quorum,
-                    nodes,
-                    failures,
-                    progress: done,
-                },
-            });
-        }
-
-        if let Some(step) = step.filter(|step| done >= *step) {
-            self.release_value_except(&lock_key, &value, &refused).await;
-            return Err(LockError::StepDone {
-                lock: name.to_string(),
-                step,
-                done,
-            });
-        }
-
-        let token = if raised >= quorum {
-            // Raised from below on a quorum: above every token any earlier acquisition got
-            // to a quorum, and no other acquisition can raise this value on a quorum.
-            if let Some((progress_key, step)) = &progress {
-                // The progress register says a holder *started* the step, so it is raised only
-                // now that the lock is ours.
-                if let Err(err) = self.raise_progress(name, progress_key, *step).await {
-                    self.release_value_except(&lock_key, &value, &refused).await;
-                    return Err(err);
+                token
+            }
+            Decision::Fence { floor } => {
+                match self
+                    .fence(name, &fence_key, floor + 1, progress.as_ref())
+                    .await
+                {
+                    Ok(token) => token,
+                    Err(err) => {
+                        self.release_value_except(&lock_key, &value, &refused).await;
+                        return Err(err);
+                    }
                 }
             }
-            proposal
-        } else {
-            // Phase 2: the proposal fell short (another client's token went higher, or too few
-            // nodes granted below it). Above everything seen, and above the proposal, which
-            // some nodes may now hold.
-            let floor = if raised > 0 {
-                highest_fence.max(proposal)
-            } else {
-                highest_fence
-            };
-            match self
-                .fence(name, &fence_key, floor + 1, progress.as_ref())
-                .await
-            {
-                Ok(token) => token,
-                Err(err) => {
-                    self.release_value_except(&lock_key, &value, &refused).await;
-                    return Err(err);
-                }
+            refusal => {
+                // A node whose SET NX answered nil holds no value of ours (the value is new
+                // for this attempt), so it needs no delete; every other node does, including
+                // those that did not answer. With several contenders this halves a loser's
+                // traffic.
+                self.release_value_except(&lock_key, &value, &refused).await;
+                return Err(refusal_error(refusal, name, &tally, failures, quorum, step));
             }
         };
         self.remember(name, token);
@@ -946,5 +892,54 @@ fn outcome_of(result: &Result<Lease, LockError>) -> Outcome {
         Err(e) if e.is_contended() => Outcome::Contended,
         Err(LockError::StepDone { .. }) => Outcome::AlreadyDone,
         Err(_) => Outcome::Failed,
+    }
+}
+
+/// The error of an attempt that phase 1 refused.
+fn refusal_error(
+    refusal: Decision,
+    lock: &str,
+    tally: &Tally,
+    failures: Vec<NodeFailure>,
+    quorum: usize,
+    step: Option<u64>,
+) -> LockError {
+    let (lock, granted, done, nodes) = (
+        lock.to_string(),
+        tally.granted,
+        tally.done,
+        tally.refused.len(),
+    );
+    match refusal {
+        Decision::StepDone { done } => LockError::StepDone {
+            lock,
+            step: step.unwrap_or(done),
+            done,
+        },
+        Decision::Contended => LockError::Contended {
+            lock,
+            granted,
+            quorum,
+            nodes,
+            failures,
+            progress: done,
+        },
+        Decision::SplitVote => LockError::SplitVote {
+            lock,
+            granted,
+            strongest_other: tally.strongest_other,
+            quorum,
+            nodes,
+            failures,
+            progress: done,
+        },
+        // Token and Fence are not refusals and never come here.
+        Decision::NoQuorum | Decision::Token(_) | Decision::Fence { .. } => LockError::NoQuorum {
+            lock,
+            granted,
+            quorum,
+            nodes,
+            failures,
+        },
     }
 }

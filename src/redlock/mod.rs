@@ -8,6 +8,7 @@ mod error;
 mod inspect;
 mod lease;
 mod node;
+mod phase1;
 mod scripts;
 pub mod timing;
 mod tls;
