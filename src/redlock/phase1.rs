@@ -234,6 +234,21 @@ mod tests {
                 Decision::Fence { floor: 3 },
             ),
             (
+                // Not from a real node (a granting node below the proposal raises), but the
+                // nodes that raised hold the proposal now, so it counts as seen.
+                "raised on one, the others report lower fences: above the proposal",
+                vec![
+                    Some(grant(1, true)),
+                    Some(grant(1, false)),
+                    Some(grant(1, false)),
+                    None,
+                    None,
+                ],
+                5,
+                None,
+                Decision::Fence { floor: 5 },
+            ),
+            (
                 "two granted, three silent: no quorum",
                 vec![Some(grant(0, true)), Some(grant(0, true)), None, None, None],
                 1,
