@@ -1,0 +1,214 @@
+//! Leader-election failover, measured with the real `lockedjob elect` binary against local
+//! `redis-server` nodes: two candidates, the leader stopped each trial, the time until the other
+//! candidate's command starts.
+//! - graceful: SIGTERM to the leader (a pod deleted); it stops its command and releases;
+//! - crash: SIGKILL to the leader (its lease lives out the TTL).
+//!
+//! Also the sidecar's memory and idle CPU (`elect --sidecar`, leading, for `IDLE_SECONDS`).
+//! `cargo bench --bench elect` runs it in full (`BENCH_TRIALS`, default 20; `BENCH_TTL`, default
+//! 5s); under `cargo test` one trial of each, so that it cannot rot. Build in release for
+//! figures worth quoting (`cargo bench` does).
+
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use support::{lockedjob_bin, wait_until, Persistence, RedisNodes};
+
+const IDLE_SECONDS: u64 = 20;
+
+/// A candidate whose command appends "RUNNER NANOS" to `DIR/starts` when it starts leading.
+fn candidate(urls: &[String], dir: &Path, runner: &str, ttl: &str) -> Child {
+    let script = format!(
+        "echo \"{runner} $(date +%s%N)\" >> {}; exec sleep 100000",
+        dir.join("starts").display()
+    );
+    Command::new(lockedjob_bin())
+        .args(["elect", "bench", "--redis", &urls.join(",")])
+        .args([
+            "--cluster-id",
+            "bench",
+            "--runner-name",
+            runner,
+            "--ttl",
+            ttl,
+        ])
+        .args(["--", "sh", "-c", &script])
+        .env_remove("LOCKEDJOB_REDIS_URLS")
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start lockedjob elect")
+}
+
+/// (runner, wall-clock nanoseconds) of each leadership start so far.
+fn starts(dir: &Path) -> Vec<(String, u128)> {
+    std::fs::read_to_string(dir.join("starts"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|line| {
+            let (runner, nanos) = line.split_once(' ')?;
+            Some((runner.to_string(), nanos.trim().parse().ok()?))
+        })
+        .collect()
+}
+
+fn now_nanos() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0)
+}
+
+/// One failover per trial: the leader gets `signal`, the time until the next start is measured;
+/// the stopped candidate is started again to be the next trial's standby.
+fn failovers(nodes: &RedisNodes, signal: Signal, trials: usize, ttl: &str) -> Vec<Duration> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let names = ["a", "b"];
+    let mut running: Vec<(String, Child)> = names
+        .iter()
+        .map(|n| (n.to_string(), candidate(&nodes.urls(), dir.path(), n, ttl)))
+        .collect();
+    assert!(wait_until(Duration::from_secs(20), || starts(dir.path())
+        .len()
+        == 1));
+    let mut took = Vec::new();
+    for _ in 0..trials {
+        let seen = starts(dir.path()).len();
+        let leader = starts(dir.path()).last().expect("a leader").0.clone();
+        let position = running
+            .iter()
+            .position(|(n, _)| *n == leader)
+            .expect("leader runs");
+        let (name, mut child) = running.remove(position);
+        let stopped_at = now_nanos();
+        kill(Pid::from_raw(child.id() as i32), signal).expect("signal the leader");
+        let _ = child.wait();
+        assert!(
+            wait_until(Duration::from_secs(60), || starts(dir.path()).len() > seen),
+            "no new leader"
+        );
+        let (_, started) = starts(dir.path())[seen].clone();
+        took.push(Duration::from_nanos(
+            started.saturating_sub(stopped_at) as u64
+        ));
+        running.push((
+            name.clone(),
+            candidate(&nodes.urls(), dir.path(), &name, ttl),
+        ));
+        // Let the restarted candidate make its first attempt before the next trial.
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    for (_, mut child) in running {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    took
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    let index = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[index.min(sorted.len() - 1)]
+}
+
+fn report(what: &str, mut took: Vec<Duration>) {
+    took.sort();
+    println!(
+        "| {what} | {} | {:.3} | {:.3} | {:.3} |",
+        took.len(),
+        percentile(&took, 0.5).as_secs_f64(),
+        percentile(&took, 0.99).as_secs_f64(),
+        took.last().copied().unwrap_or_default().as_secs_f64()
+    );
+}
+
+/// (RSS in KiB, CPU seconds) of a process, from /proc.
+fn usage(pid: u32) -> (u64, f64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let rss = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0);
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let fields: Vec<&str> = stat
+        .rsplit_once(") ")
+        .map(|(_, rest)| rest.split_whitespace().collect())
+        .unwrap_or_default();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    // utime and stime are fields 14 and 15 of stat, 11 and 12 after the command name.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    (rss, (ticks(11) + ticks(12)) / hz.max(1.0))
+}
+
+fn sidecar_idle(nodes: &RedisNodes, seconds: u64) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let token_file = dir.path().join("leader.json");
+    let mut sidecar = Command::new(lockedjob_bin())
+        .args([
+            "elect",
+            "bench-sidecar",
+            "--sidecar",
+            "--redis",
+            &nodes.urls().join(","),
+        ])
+        .args([
+            "--leader-addr",
+            &format!("127.0.0.1:{}", support::free_port()),
+        ])
+        .arg("--token-file")
+        .arg(&token_file)
+        .env_remove("LOCKEDJOB_REDIS_URLS")
+        .env_remove("POD_NAMESPACE")
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start the sidecar");
+    assert!(wait_until(Duration::from_secs(20), || token_file.exists()));
+    let (_, cpu_before) = usage(sidecar.id());
+    let started = Instant::now();
+    std::thread::sleep(Duration::from_secs(seconds));
+    let (rss, cpu_after) = usage(sidecar.id());
+    let share = (cpu_after - cpu_before) / started.elapsed().as_secs_f64() * 100.0;
+    println!(
+        "sidecar leading, idle {seconds} s (default TTL 15s, renewals every 5 s): RSS {:.1} MiB, CPU {share:.2} % of a core",
+        rss as f64 / 1024.0
+    );
+    let _ = sidecar.kill();
+    let _ = sidecar.wait();
+}
+
+fn main() {
+    let full = std::env::args().any(|a| a == "--bench");
+    let trials: usize = std::env::var("BENCH_TRIALS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(if full { 20 } else { 1 });
+    let ttl = std::env::var("BENCH_TTL").unwrap_or_else(|_| "5s".into());
+    let nodes = RedisNodes::start(3, Persistence::None).expect("start redis-server");
+    println!("elect failover: 2 candidates, 3 local nodes, --ttl {ttl}, default --retry-interval; stopped leader → next leader's command started");
+    println!();
+    println!("| stop | trials | p50 s | p99 s | max s |");
+    println!("|---|---|---|---|---|");
+    report(
+        "graceful (SIGTERM)",
+        failovers(&nodes, Signal::SIGTERM, trials, &ttl),
+    );
+    report(
+        "crash (SIGKILL)",
+        failovers(&nodes, Signal::SIGKILL, trials, &ttl),
+    );
+    println!();
+    sidecar_idle(&nodes, if full { IDLE_SECONDS } else { 1 });
+}
