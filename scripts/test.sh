@@ -50,5 +50,6 @@ cargo clippy --locked --workspace --all-targets -- -D warnings
 echo "== benchmark smoke pass (cargo bench runs it in full)"
 cargo test --locked --bench redlock
 cargo test --locked --bench operator
+cargo test --locked --bench elect
 echo "== cargo test"
 cargo test --locked --workspace --lib --bins --tests
