@@ -33,7 +33,19 @@ fi
 mkdir -p "$bin"
 export CGO_ENABLED=0 GOFLAGS=-mod=mod GOTOOLCHAIN=local
 work="$(mktemp -d)"
-trap 'rm -rf "$work"' EXIT
+# The Go tool's chatter (hundreds of "go: downloading" lines) goes to a log; its tail is shown
+# only when a build fails.
+log="$cache_root/build.log"
+: >"$log"
+finish() {
+  local status=$?
+  rm -rf "$work"
+  if [ "$status" -ne 0 ]; then
+    say "error: the build failed (exit $status); the last lines of $log:"
+    tail -n 40 "$log" >&2
+  fi
+}
+trap finish EXIT
 
 # Scratch module whose go.mod replaces every module that $1's go.mod replaces with a local
 # path ("=> ./x" or "=> ../x") by the published module at version $2.
@@ -67,8 +79,11 @@ build_tools() {
   )
 }
 
-step=0; steps=3
-progress() { step=$((step + 1)); say "building $step/$steps: $* (a cold build takes many minutes on 2 cores)"; }
+step=0; steps=3; started=$(date +%s)
+progress() {
+  step=$((step + 1))
+  say "building $step/$steps: $* ($(( $(date +%s) - started )) s so far; output in $log)"
+}
 
 if ! [ -x "$bin/kube-apiserver" ] || ! [ -x "$bin/kube-controller-manager" ] \
   || ! [ -x "$bin/kube-scheduler" ] || ! [ -x "$bin/kubectl" ]; then
@@ -76,7 +91,7 @@ if ! [ -x "$bin/kube-apiserver" ] || ! [ -x "$bin/kube-controller-manager" ] \
   minor="${KUBERNETES_VERSION#v1.}"; minor="${minor%%.*}"
   staging="v0.${KUBERNETES_VERSION#v1.}"
   say "downloading k8s.io/kubernetes@$KUBERNETES_VERSION (staging modules at $staging)"
-  scratch_module "$work/kubernetes" k8s.io/kubernetes "$KUBERNETES_VERSION" "$staging"
+  scratch_module "$work/kubernetes" k8s.io/kubernetes "$KUBERNETES_VERSION" "$staging" >>"$log" 2>&1
   stamp=""
   for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
     stamp+=" -X $p.gitVersion=$KUBERNETES_VERSION -X $p.gitMajor=1 -X $p.gitMinor=$minor"
@@ -84,13 +99,14 @@ if ! [ -x "$bin/kube-apiserver" ] || ! [ -x "$bin/kube-controller-manager" ] \
   done
   build_tools "$work/kubernetes" "$KUBERNETES_VERSION" "$stamp" \
     k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
-    k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl
+    k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl >>"$log" 2>&1
 else step=$((step + 1)); fi
 
 if ! [ -x "$bin/etcd" ]; then
   progress "etcd $ETCD_VERSION"
-  scratch_module "$work/etcd" go.etcd.io/etcd/server/v3 "$ETCD_VERSION" "$ETCD_VERSION"
-  build_tools "$work/etcd" "$ETCD_VERSION" "-X go.etcd.io/etcd/api/v3/version.GitSHA=$ETCD_VERSION" go.etcd.io/etcd/server/v3
+  scratch_module "$work/etcd" go.etcd.io/etcd/server/v3 "$ETCD_VERSION" "$ETCD_VERSION" >>"$log" 2>&1
+  build_tools "$work/etcd" "$ETCD_VERSION" "-X go.etcd.io/etcd/api/v3/version.GitSHA=$ETCD_VERSION" \
+    go.etcd.io/etcd/server/v3 >>"$log" 2>&1
   # go names the binary after the package's directory, "server".
   mv "$bin/server" "$bin/etcd"
 else step=$((step + 1)); fi
@@ -98,9 +114,9 @@ else step=$((step + 1)); fi
 if ! [ -x "$bin/helm" ]; then
   progress "helm $HELM_VERSION"
   GOBIN="$bin" go install -trimpath -ldflags "-s -w -X helm.sh/helm/v4/internal/version.version=$HELM_VERSION" \
-    "helm.sh/helm/v4/cmd/helm@$HELM_VERSION"
+    "helm.sh/helm/v4/cmd/helm@$HELM_VERSION" >>"$log" 2>&1
 fi
 
 complete || { say "error: build finished but binaries are missing in $bin"; exit 1; }
-say "done: $(cd "$bin" && echo "${all[*]}")"
+say "done in $(( $(date +%s) - started )) s: $(cd "$bin" && echo "${all[*]}")"
 echo "$bin"
