@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
-use support::{lockedjob_bin, wait_until, Persistence, RedisNodes, SetChecks};
+use support::{alive, lockedjob_bin, wait_until, Persistence, RedisNodes, SetChecks};
 
 const LOCK_KEY: &str = "lockedjob:lock:writer";
 
@@ -59,17 +59,6 @@ fn command_pid(dir: &Path, runner: &str) -> Option<i32> {
         .trim()
         .parse()
         .ok()
-}
-
-/// Running (a zombie, killed but not yet reaped by whoever inherited it, counts as gone).
-fn alive(pid: i32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|stat| {
-            let state = stat.rsplit_once(") ")?.1.chars().next()?;
-            Some(state != 'Z' && state != 'X')
-        })
-        .unwrap_or(false)
 }
 
 fn stderr_of(child: &mut Child) -> String {

@@ -6,7 +6,7 @@ use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
-use support::{lockedjob_bin, wait_until, Persistence, RedisNodes, SetChecks};
+use support::{alive, lockedjob_bin, wait_until, Persistence, RedisNodes, SetChecks};
 
 const LOCK_KEY: &str = "lockedjob:lock:nightly";
 
@@ -173,17 +173,6 @@ fn losing_the_majority_stops_the_command_before_the_deadline() {
         .read_to_string(&mut stderr)
         .ok();
     assert!(stderr.contains("lease on \"nightly\" lost"), "{stderr}");
-}
-
-/// Running (a zombie, killed but not yet reaped by whoever inherited it, counts as gone).
-fn alive(pid: i32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|stat| {
-            let state = stat.rsplit_once(") ")?.1.chars().next()?;
-            Some(state != 'Z' && state != 'X')
-        })
-        .unwrap_or(false)
 }
 
 #[test]

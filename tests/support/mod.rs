@@ -61,6 +61,18 @@ pub fn wait_until(limit: Duration, mut check: impl FnMut() -> bool) -> bool {
     check()
 }
 
+/// Whether process `pid` runs (a zombie, killed but not yet reaped by whoever inherited it,
+/// counts as gone).
+pub fn alive(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| {
+            let state = stat.rsplit_once(") ")?.1.chars().next()?;
+            Some(state != 'Z' && state != 'X')
+        })
+        .unwrap_or(false)
+}
+
 /// Path of the built `lockedjob` binary (cargo builds it for integration tests).
 pub fn lockedjob_bin() -> std::path::PathBuf {
     std::path::PathBuf::from(env!("CARGO_BIN_EXE_lockedjob"))

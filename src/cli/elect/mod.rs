@@ -34,6 +34,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 use token_file::TokenFile;
+use tokio::signal::unix::SignalKind;
 use tokio::sync::watch;
 use tokio_util::task::AbortOnDropHandle;
 use tracing::Instrument;
@@ -215,25 +216,11 @@ async fn lead_while_elected(
         timing,
     };
     loop {
-        let lease = tokio::select! {
-            lease = campaign(&engine, &args.lock, timing.ttl, args.retry_interval) => lease,
-            kind = signals.next() => {
-                tracing::info!(signal = kind.as_raw_value(), "stopped while campaigning");
-                return 128 + kind.as_raw_value();
-            }
-        };
-        let lease = match lease {
+        let lease = match elected(&engine, &args, timing.ttl, &mut signals).await {
             Ok(lease) => lease,
-            Err(e) => {
-                eprintln!("lockedjob elect: {e}");
-                return exit::USAGE;
-            }
+            Err(NotElected::Signal(kind)) => return 128 + kind.as_raw_value(),
+            Err(NotElected::Config) => return exit::USAGE,
         };
-        tracing::Span::current().record("token", lease.token());
-        tracing::info!(
-            holder = lease.holder(),
-            "elected leader; starting the command"
-        );
         let publish = |event: LeaseEvent| {
             if let Some(file) = &token_file {
                 file.follow(&lease, &timing, event);
@@ -305,19 +292,11 @@ impl Sidecar {
     async fn run(&self, args: &ElectArgs) -> i32 {
         let mut signals = Signals::watch();
         loop {
-            let lease = tokio::select! {
-                lease = campaign(&self.engine, &args.lock, self.timing.ttl, args.retry_interval) => lease,
-                _ = signals.next() => return 0,
-            };
-            let lease = match lease {
+            let lease = match elected(&self.engine, args, self.timing.ttl, &mut signals).await {
                 Ok(lease) => lease,
-                Err(e) => {
-                    eprintln!("lockedjob elect: {e}");
-                    return exit::USAGE;
-                }
+                Err(NotElected::Signal(_)) => return 0,
+                Err(NotElected::Config) => return exit::USAGE,
             };
-            tracing::Span::current().record("token", lease.token());
-            tracing::info!(holder = lease.holder(), "elected leader");
             let stopped = self.hold(lease, &mut signals).await;
             if stopped {
                 return 0;
@@ -383,6 +362,42 @@ impl Sidecar {
         }
         if let Some(file) = &self.token_file {
             file.follow(lease, &self.timing, event);
+        }
+    }
+}
+
+/// Why a campaign ended without a lease.
+enum NotElected {
+    /// A signal arrived while campaigning.
+    Signal(SignalKind),
+    /// The lock cannot be acquired as configured (reported on stderr).
+    Config,
+}
+
+/// Campaigns until elected (the token then goes into the span), a signal arrives, or the
+/// configuration turns out unusable.
+async fn elected(
+    engine: &Redlock,
+    args: &ElectArgs,
+    ttl: Duration,
+    signals: &mut Signals,
+) -> Result<Lease, NotElected> {
+    let lease = tokio::select! {
+        lease = campaign(engine, &args.lock, ttl, args.retry_interval) => lease,
+        kind = signals.next() => {
+            tracing::info!(signal = kind.as_raw_value(), "stopped while campaigning");
+            return Err(NotElected::Signal(kind));
+        }
+    };
+    match lease {
+        Ok(lease) => {
+            tracing::Span::current().record("token", lease.token());
+            tracing::info!(holder = lease.holder(), "elected leader");
+            Ok(lease)
+        }
+        Err(e) => {
+            eprintln!("lockedjob elect: {e}");
+            Err(NotElected::Config)
         }
     }
 }
