@@ -12,9 +12,9 @@ fn read(name: &str) -> String {
     std::fs::read_to_string(Path::new(ROOT).join(name)).unwrap_or_else(|e| panic!("{name}: {e}"))
 }
 
-/// The workspace's members other than the root package, as directories relative to the root.
-fn other_members() -> Vec<String> {
-    let out = Command::new(env!("CARGO"))
+/// `cargo metadata --no-deps` of the workspace at `dir`.
+fn cargo_metadata(dir: &Path) -> std::process::Output {
+    Command::new(env!("CARGO"))
         .args([
             "metadata",
             "--format-version",
@@ -22,9 +22,14 @@ fn other_members() -> Vec<String> {
             "--no-deps",
             "--offline",
         ])
-        .current_dir(ROOT)
+        .current_dir(dir)
         .output()
-        .expect("run cargo metadata");
+        .expect("run cargo metadata")
+}
+
+/// The workspace's members other than the root package, as directories relative to the root.
+fn other_members() -> Vec<String> {
+    let out = cargo_metadata(Path::new(ROOT));
     assert!(
         out.status.success(),
         "{}",
@@ -110,17 +115,7 @@ fn the_dockerfile_stubs_every_workspace_member_and_cargo_loads_its_context() {
         std::fs::write(src.join("lib.rs"), "").expect("stub lib.rs");
         std::fs::write(src.join("main.rs"), "fn main() {}").expect("stub main.rs");
     }
-    let out = Command::new(env!("CARGO"))
-        .args([
-            "metadata",
-            "--format-version",
-            "1",
-            "--no-deps",
-            "--offline",
-        ])
-        .current_dir(context.path())
-        .output()
-        .expect("run cargo metadata");
+    let out = cargo_metadata(context.path());
     assert!(
         out.status.success(),
         "cargo cannot load the image's build context: {}",
