@@ -41,9 +41,12 @@ enum Command {
     /// LOCKEDJOB_FENCING_TOKEN, LOCKEDJOB_HOLDER and LOCKEDJOB_LOCK_NAME; --token-file keeps
     /// the same in a file while leading. `--observe` prints the leader each time it changes.
     ///
+    /// `--sidecar` runs no command: it holds leadership for its pod and shows it (token file,
+    /// `GET /leader`, the pod's `lockedjob.dev/leader` condition and label, a mirror Lease).
+    ///
     /// Exit codes: the command's own when it exits (leadership is released); 128+N when
-    /// signal N arrived while campaigning; 64 bad usage or configuration; 127 command could
-    /// not be started.
+    /// signal N arrived while campaigning; 0 after SIGTERM/SIGINT with --sidecar or
+    /// --observe; 64 bad usage or configuration; 127 command could not be started.
     Elect(Box<lockedjob::cli::elect::ElectArgs>),
     /// Run the Kubernetes operator: reconcile LockedJobs, run each due Job once under the lock.
     ///

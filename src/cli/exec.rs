@@ -29,6 +29,16 @@ pub struct ExecArgs {
     /// How long to wait for the lock before giving up with exit code 75 (0: one attempt).
     #[arg(long, default_value = "0s", value_parser = parse_duration)]
     pub wait: Duration,
+    #[command(flatten)]
+    pub lease: LeaseOptions,
+    /// The command and its arguments.
+    #[arg(last = true, required = true, num_args = 1..)]
+    pub command: Vec<String>,
+}
+
+/// How a lease is kept and how its command is stopped when it is lost (`exec`, `elect`).
+#[derive(Debug, Clone, clap::Args)]
+pub struct LeaseOptions {
     /// How often to renew the lease (default: ttl/3).
     #[arg(long, value_parser = parse_duration)]
     pub renew_interval: Option<Duration>,
@@ -40,14 +50,21 @@ pub struct ExecArgs {
     /// command is dead before the lease deadline.
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     pub kill_grace: Duration,
-    /// The command and its arguments.
-    #[arg(last = true, required = true, num_args = 1..)]
-    pub command: Vec<String>,
 }
 
-impl ExecArgs {
-    fn timing(&self) -> LeaseTiming {
-        LeaseTiming::from_ttl_or(self.ttl, self.renew_interval, self.safety_margin)
+impl LeaseOptions {
+    pub fn timing(&self, ttl: Duration) -> LeaseTiming {
+        LeaseTiming::from_ttl_or(ttl, self.renew_interval, self.safety_margin)
+    }
+}
+
+impl Default for LeaseOptions {
+    fn default() -> Self {
+        Self {
+            renew_interval: None,
+            safety_margin: None,
+            kill_grace: Duration::from_secs(10),
+        }
     }
 }
 
@@ -58,9 +75,7 @@ impl Default for ExecArgs {
             lock: String::new(),
             ttl: DEFAULT_TTL,
             wait: Duration::ZERO,
-            renew_interval: None,
-            safety_margin: None,
-            kill_grace: Duration::from_secs(10),
+            lease: LeaseOptions::default(),
             command: Vec::new(),
         }
     }
@@ -68,7 +83,7 @@ impl Default for ExecArgs {
 
 /// Runs `exec` and returns the process exit code.
 pub async fn run(args: ExecArgs) -> i32 {
-    let timing = args.timing();
+    let timing = args.lease.timing(args.ttl);
     let config = args.redis.engine_config();
     if let Err(e) = timing.validate(config.drift_factor) {
         eprintln!("lockedjob exec: {e}");
@@ -122,7 +137,7 @@ async fn run_locked(engine: Redlock, args: ExecArgs, timing: LeaseTiming) -> i32
     );
     let work = Work {
         command: &args.command,
-        kill_grace: args.kill_grace,
+        kill_grace: args.lease.kill_grace,
         timing,
     };
     match work.run(&engine, lease, &mut signals, |_| {}).await {

@@ -20,7 +20,7 @@ pub use observe::Observed;
 pub use token_file::LeaderRecord;
 
 use crate::child::{self, Signals};
-use crate::cli::exec::{LeaseEvent, Ran, Work};
+use crate::cli::exec::{LeaseEvent, LeaseOptions, Ran, Work};
 use crate::cli::exit;
 use crate::http::Reply;
 use crate::metrics::Metrics;
@@ -49,21 +49,12 @@ pub struct ElectArgs {
     /// keeps the others waiting.
     #[arg(long, default_value = "15s", value_parser = parse_duration)]
     pub ttl: Duration,
-    /// How often the leader renews its lease (default: ttl/3).
-    #[arg(long, value_parser = parse_duration)]
-    pub renew_interval: Option<Duration>,
-    /// Step down this long before the lease deadline when renewals fail (default: ttl/10, at
-    /// most 2s). The command is stopped within this margin.
-    #[arg(long, value_parser = parse_duration)]
-    pub safety_margin: Option<Duration>,
+    #[command(flatten)]
+    pub lease: LeaseOptions,
     /// How often a candidate tries to become leader (each wait drawn ±20% around it): after a
     /// graceful step-down the next leader starts within about this long.
     #[arg(long, default_value = "500ms", value_parser = parse_duration)]
     pub retry_interval: Duration,
-    /// After leadership is lost, time between SIGTERM and SIGKILL; always cut short so that
-    /// the command is dead before the lease deadline.
-    #[arg(long, default_value = "10s", value_parser = parse_duration)]
-    pub kill_grace: Duration,
     /// While leading, keep this JSON file up to date (lock, holder, token, validUntil), written
     /// atomically; it is removed as soon as leadership is lost, before the command is stopped.
     #[arg(long, env = "LOCKEDJOB_TOKEN_FILE")]
@@ -104,7 +95,7 @@ pub enum ObserveOutput {
 
 /// Runs `elect` and returns the process exit code.
 pub async fn run(args: ElectArgs) -> i32 {
-    let timing = LeaseTiming::from_ttl_or(args.ttl, args.renew_interval, args.safety_margin);
+    let timing = args.lease.timing(args.ttl);
     let config = args.redis.engine_config();
     if args.lock.trim().is_empty() || args.lock.chars().any(char::is_control) {
         eprintln!(
@@ -212,7 +203,7 @@ async fn lead_while_elected(
     let mut signals = Signals::watch();
     let work = Work {
         command: &args.command,
-        kill_grace: args.kill_grace,
+        kill_grace: args.lease.kill_grace,
         timing,
     };
     loop {
