@@ -127,30 +127,6 @@ fn report(what: &str, mut took: Vec<Duration>) {
     );
 }
 
-/// (RSS in KiB, CPU seconds) of a process, from /proc.
-fn usage(pid: u32) -> (u64, f64) {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let rss = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .unwrap_or(0);
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let fields: Vec<&str> = stat
-        .rsplit_once(") ")
-        .map(|(_, rest)| rest.split_whitespace().collect())
-        .unwrap_or_default();
-    let ticks = |i: usize| {
-        fields
-            .get(i)
-            .and_then(|v| v.parse::<f64>().ok())
-            .unwrap_or(0.0)
-    };
-    // utime and stime are fields 14 and 15 of stat, 11 and 12 after the command name.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
-    (rss, (ticks(11) + ticks(12)) / hz.max(1.0))
-}
-
 fn sidecar_idle(nodes: &RedisNodes, seconds: u64) {
     let dir = tempfile::tempdir().expect("tempdir");
     let token_file = dir.path().join("leader.json");
@@ -176,14 +152,16 @@ fn sidecar_idle(nodes: &RedisNodes, seconds: u64) {
         .spawn()
         .expect("start the sidecar");
     assert!(wait_until(Duration::from_secs(20), || token_file.exists()));
-    let (_, cpu_before) = usage(sidecar.id());
+    let cpu_before = support::cpu_seconds(sidecar.id());
     let started = Instant::now();
     std::thread::sleep(Duration::from_secs(seconds));
-    let (rss, cpu_after) = usage(sidecar.id());
+    let (rss, cpu_after) = (
+        support::status_mib(sidecar.id(), "VmRSS"),
+        support::cpu_seconds(sidecar.id()),
+    );
     let share = (cpu_after - cpu_before) / started.elapsed().as_secs_f64() * 100.0;
     println!(
-        "sidecar leading, idle {seconds} s (default TTL 15s, renewals every 5 s): RSS {:.1} MiB, CPU {share:.2} % of a core",
-        rss as f64 / 1024.0
+        "sidecar leading, idle {seconds} s (default TTL 15s, renewals every 5 s): RSS {rss:.1} MiB, CPU {share:.2} % of a core"
     );
     let _ = sidecar.kill();
     let _ = sidecar.wait();

@@ -160,37 +160,6 @@ async fn watch_jobs(api: Api<Job>, seen: Arc<Mutex<HashMap<String, SeenJob>>>) {
     }
 }
 
-/// utime + stime of a process, in seconds.
-fn cpu_seconds(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // Fields after the command name, which may itself hold spaces: state is the first, utime
-    // and stime (fields 14 and 15 of proc(5)) the 12th and 13th.
-    let fields: Vec<&str> = stat
-        .rsplit_once(')')
-        .map(|(_, rest)| rest.split_whitespace().collect())
-        .unwrap_or_default();
-    let ticks = |i: usize| {
-        fields
-            .get(i)
-            .and_then(|f| f.parse::<u64>().ok())
-            .unwrap_or(0)
-    };
-    // SAFETY: sysconf reads a constant.
-    let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
-    (ticks(11) + ticks(12)) as f64 / per_second
-}
-
-/// A `/proc/{pid}/status` memory figure in MiB, e.g. `VmHWM` (peak RSS).
-fn status_mib(pid: u32, field: &str) -> f64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
-        .map(|kb| kb / 1024.0)
-        .unwrap_or(f64::NAN)
-}
-
 /// The kube-controller-manager of the cluster in `dir` (its kubeconfig lives there).
 fn controller_manager_pid(dir: &Path) -> Option<u32> {
     let dir = dir.to_string_lossy();
@@ -371,8 +340,11 @@ struct Snapshot {
 fn snapshot(replicas: &[Replica], kcm: Option<u32>) -> Snapshot {
     let bodies: Vec<String> = replicas.iter().map(|r| scrape(&r.metrics)).collect();
     Snapshot {
-        replica_cpu: replicas.iter().map(|r| cpu_seconds(r.child.id())).collect(),
-        kcm_cpu: kcm.map(cpu_seconds).unwrap_or(f64::NAN),
+        replica_cpu: replicas
+            .iter()
+            .map(|r| support::cpu_seconds(r.child.id()))
+            .collect(),
+        kcm_cpu: kcm.map(support::cpu_seconds).unwrap_or(f64::NAN),
         redis: counters(&bodies, "lockedjob_redis_requests_total"),
         attempts: counters(&bodies, "lockedjob_lock_acquisitions_total"),
     }
@@ -504,9 +476,11 @@ async fn bench(n: usize, minutes: i64, warm_up: bool) {
         .collect();
     let replica_rss: Vec<f64> = replicas
         .iter()
-        .map(|r| status_mib(r.child.id(), "VmHWM"))
+        .map(|r| support::status_mib(r.child.id(), "VmHWM"))
         .collect();
-    let kcm_rss = kcm.map(|pid| status_mib(pid, "VmHWM")).unwrap_or(f64::NAN);
+    let kcm_rss = kcm
+        .map(|pid| support::status_mib(pid, "VmHWM"))
+        .unwrap_or(f64::NAN);
     let fmt_list = |xs: &[f64], digits: usize| -> String {
         xs.iter()
             .map(|x| format!("{x:.digits$}"))
