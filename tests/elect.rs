@@ -161,6 +161,17 @@ fn a_leader_cut_off_from_the_quorum_steps_down_before_its_deadline_and_leads_aga
         .parse()
         .expect("an RFC 3339 time");
     assert!(valid_until > jiff::Timestamp::now());
+    // Each renewal (every ttl/3) writes a later validUntil.
+    let valid_until_of = || -> Option<jiff::Timestamp> {
+        let bytes = std::fs::read(&token_file).ok()?;
+        let record: serde_json::Value = serde_json::from_slice(&bytes).ok()?;
+        record["validUntil"].as_str()?.parse().ok()
+    };
+    assert!(
+        wait_until(Duration::from_secs(5), || valid_until_of()
+            .is_some_and(|later| later > valid_until)),
+        "the token file was not renewed"
+    );
     let first_command = command_pid(dir.path(), "a").expect("command pid");
 
     nodes[1].pause().expect("SIGSTOP node 1");

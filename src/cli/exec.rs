@@ -171,6 +171,19 @@ pub(crate) struct Work<'a> {
     pub timing: LeaseTiming,
 }
 
+/// The watchdog's status once a renewal moved the deadline past `shown` (the status also
+/// changes when an attempt starts); `None` once the watchdog is gone.
+pub(crate) async fn next_deadline(
+    statuses: &mut tokio::sync::watch::Receiver<LeaseStatus>,
+    shown: std::time::Instant,
+) -> Option<LeaseStatus> {
+    statuses
+        .wait_for(|status| status.deadline != shown)
+        .await
+        .ok()
+        .map(|status| *status)
+}
+
 /// What [`Work::run`] tells its caller about the lease while the command runs.
 pub(crate) enum LeaseEvent {
     /// Held, with this deadline (the first, or one a renewal pushed out).
@@ -211,7 +224,8 @@ impl Work<'_> {
         let watchdog = Watchdog::spawn(engine.clone(), lease, self.timing);
         let lost = watchdog.lost();
         let mut deadlines = watchdog.subscribe();
-        on_lease(LeaseEvent::Held(*deadlines.borrow_and_update()));
+        let mut shown = watchdog.status();
+        on_lease(LeaseEvent::Held(shown));
         let status = loop {
             tokio::select! {
                 status = running.wait() => break status,
@@ -232,7 +246,10 @@ impl Work<'_> {
                     watchdog.release(engine).await;
                     return Ran::LeaseLost;
                 }
-                Ok(()) = deadlines.changed() => on_lease(LeaseEvent::Held(*deadlines.borrow_and_update())),
+                Some(status) = next_deadline(&mut deadlines, shown.deadline) => {
+                    shown = status;
+                    on_lease(LeaseEvent::Held(status));
+                }
             }
         };
         if !watchdog.release(engine).await {

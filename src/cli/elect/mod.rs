@@ -20,7 +20,7 @@ pub use observe::Observed;
 pub use token_file::LeaderRecord;
 
 use crate::child::{self, Signals};
-use crate::cli::exec::{LeaseEvent, LeaseOptions, Ran, Work};
+use crate::cli::exec::{next_deadline, LeaseEvent, LeaseOptions, Ran, Work};
 use crate::cli::exit;
 use crate::http::Reply;
 use crate::metrics::Metrics;
@@ -304,15 +304,15 @@ impl Sidecar {
         let watchdog = Watchdog::spawn(self.engine.clone(), lease.clone(), self.timing);
         let lost = watchdog.lost();
         let mut deadlines = watchdog.subscribe();
-        let first = *deadlines.borrow_and_update();
+        let mut shown = watchdog.status();
         self.election.elected(lease.token());
-        self.show(&lease, LeaseEvent::Held(first), true).await;
+        self.show(&lease, LeaseEvent::Held(shown), true).await;
         let stopped = loop {
             tokio::select! {
                 _ = lost.cancelled() => break false,
                 _ = signals.next() => break true,
-                Ok(()) = deadlines.changed() => {
-                    let status = *deadlines.borrow_and_update();
+                Some(status) = next_deadline(&mut deadlines, shown.deadline) => {
+                    shown = status;
                     self.show(&lease, LeaseEvent::Held(status), false).await;
                 }
             }
