@@ -143,8 +143,19 @@ fn sidecar(
         .expect("spawn lockedjob elect --sidecar")
 }
 
-/// A pod no node will run: only the sidecars write its status.
+/// A pod no node will run: only the sidecars write its status. Waits for the namespace's
+/// `default` ServiceAccount first, which the controller manager creates after the namespace
+/// (admission refuses pods until it exists).
 async fn gated_pod(pods: &Api<Pod>, name: &str) {
+    let namespace = pods.namespace().expect("a namespaced API").to_string();
+    let accounts: Api<ServiceAccount> = Api::namespaced(pods.clone().into_client(), &namespace);
+    assert!(
+        eventually(Duration::from_secs(30), || async {
+            accounts.get_opt("default").await.ok().flatten().is_some()
+        })
+        .await,
+        "no default ServiceAccount in {namespace}"
+    );
     let pod = json!({
         "metadata": {"name": name, "labels": {"app": "writer"}},
         "spec": {
@@ -253,7 +264,17 @@ async fn the_pod_condition_label_and_lease_follow_the_leader() {
         logs()
     );
     assert_eq!(marks(&pods, "writer-a").await, leading());
-    assert_eq!(lease_holder(&leases).await, Some(("ci/writer-a".into(), 0)));
+    // The Lease is written after the pod's marks.
+    let expected = Some(("ci/writer-a".to_string(), 0));
+    assert!(
+        eventually(Duration::from_secs(20), || async {
+            lease_holder(&leases).await == expected
+        })
+        .await,
+        "the Lease: {:?}\n{}",
+        lease_holder(&leases).await,
+        logs()
+    );
     // The workload's view: /leader answers only on the leader, with its token.
     let (status, body) = get(port_a, "/leader");
     assert_eq!(status, 200, "{body}");
@@ -284,7 +305,17 @@ async fn the_pod_condition_label_and_lease_follow_the_leader() {
         marks(&pods, "writer-b").await,
         logs()
     );
-    assert_eq!(lease_holder(&leases).await, Some(("ci/writer-b".into(), 1)));
+    // The Lease is written after the pod's marks.
+    let expected = Some(("ci/writer-b".to_string(), 1));
+    assert!(
+        eventually(Duration::from_secs(20), || async {
+            lease_holder(&leases).await == expected
+        })
+        .await,
+        "the Lease: {:?}\n{}",
+        lease_holder(&leases).await,
+        logs()
+    );
     assert_eq!(get(port_b, "/leader").0, 200);
 
     // A graceful stop: marks off, lock released at once.

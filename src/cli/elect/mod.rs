@@ -136,41 +136,73 @@ pub async fn run(args: ElectArgs) -> i32 {
     }
     let span = tracing::info_span!("elect", lock = %args.lock, token = tracing::field::Empty);
     if args.sidecar {
-        let mirror = match pod_mirror(&args).await {
-            Ok(mirror) => mirror,
-            Err(e) => {
-                eprintln!("lockedjob elect: {e}");
-                return exit::USAGE;
-            }
-        };
-        let listener = match tokio::net::TcpListener::bind(args.leader_addr).await {
-            Ok(listener) => listener,
-            Err(e) => {
-                eprintln!(
-                    "lockedjob elect: --leader-addr {}: {e}; give a free address",
-                    args.leader_addr
-                );
-                return exit::USAGE;
-            }
-        };
-        let (shown, _) = watch::channel(None);
-        let sidecar = Sidecar {
-            engine,
-            timing,
-            token_file,
-            mirror,
-            shown,
-            election: Arc::new(ElectionMetrics::new()),
-        };
-        let _server = AbortOnDropHandle::new(tokio::spawn(crate::http::serve(
-            listener,
-            sidecar.route(metrics),
-        )));
-        return sidecar.run(&args).instrument(span).await;
+        return run_sidecar(&args, engine, metrics, timing, token_file)
+            .instrument(span)
+            .await;
     }
     lead_while_elected(engine, args, timing, token_file)
         .instrument(span)
         .await
+}
+
+/// `--sidecar`: `/leader` answers (503) from the start; then the pod is marked not leading,
+/// which also checks the sidecar's rights; then the campaign.
+async fn run_sidecar(
+    args: &ElectArgs,
+    engine: Redlock,
+    metrics: Metrics,
+    timing: LeaseTiming,
+    token_file: Option<TokenFile>,
+) -> i32 {
+    let listener = match tokio::net::TcpListener::bind(args.leader_addr).await {
+        Ok(listener) => listener,
+        Err(e) => {
+            eprintln!(
+                "lockedjob elect: --leader-addr {}: {e}; give a free address",
+                args.leader_addr
+            );
+            return exit::USAGE;
+        }
+    };
+    let (shown, _) = watch::channel(None);
+    let election = Arc::new(ElectionMetrics::new());
+    let routes = routes(shown.subscribe(), Arc::clone(&election), metrics);
+    let _server = AbortOnDropHandle::new(tokio::spawn(crate::http::serve(listener, routes)));
+    let mirror = match pod_mirror(args).await {
+        Ok(mirror) => mirror,
+        Err(e) => {
+            eprintln!("lockedjob elect: {e}");
+            return exit::USAGE;
+        }
+    };
+    let sidecar = Sidecar {
+        engine,
+        timing,
+        token_file,
+        mirror,
+        shown,
+        election,
+    };
+    sidecar.run(args).await
+}
+
+/// The sidecar's HTTP routes: `/leader` while the record is valid, `/healthz`, `/metrics`.
+fn routes(
+    shown: watch::Receiver<Option<LeaderRecord>>,
+    election: Arc<ElectionMetrics>,
+    engine_metrics: Metrics,
+) -> impl Fn(&str) -> Reply + Send + Sync + 'static {
+    move |path| match path {
+        "/leader" => match &*shown.borrow() {
+            Some(record) if record.valid_until > Timestamp::now() => {
+                Reply::json(200, serde_json::to_string(record).unwrap_or_default())
+            }
+            _ => Reply::json(503, r#"{"leading":false}"#),
+        },
+        "/healthz" => Reply::text(200, "ok\n"),
+        "/metrics" => Reply::metrics(engine_metrics.render_with(&[&election.registry])),
+        _ => Reply::not_found(),
+    }
 }
 
 /// The pod mirror when the pod is known; checks the sidecar's rights at once by marking the
@@ -255,30 +287,18 @@ struct Sidecar {
     election: Arc<ElectionMetrics>,
 }
 
-/// How long one update of the pod or the Lease may hold up the lease's own watch: a slow API
-/// server must not keep a sidecar from noticing a lost lease.
-fn api_bound(timing: &LeaseTiming) -> Duration {
-    timing.safety_margin / 2
+/// How long one update of the pod or the Lease may take. While the lease is held (just won or
+/// just renewed, so its give-up point is at least a TTL less the renew interval away), half a
+/// renew interval: a slow API server must not keep the sidecar from watching its lease. On
+/// the way out, half the safety margin: the token file must be gone before the deadline.
+fn api_bound(timing: &LeaseTiming, event: &LeaseEvent) -> Duration {
+    match event {
+        LeaseEvent::Held(_) => timing.renew_interval / 2,
+        LeaseEvent::Lost => timing.safety_margin / 2,
+    }
 }
 
 impl Sidecar {
-    /// The HTTP routes: `/leader` while the record is valid, `/healthz`, `/metrics`.
-    fn route(&self, engine_metrics: Metrics) -> impl Fn(&str) -> Reply + Send + Sync + 'static {
-        let shown = self.shown.subscribe();
-        let election = Arc::clone(&self.election);
-        move |path| match path {
-            "/leader" => match &*shown.borrow() {
-                Some(record) if record.valid_until > Timestamp::now() => {
-                    Reply::json(200, serde_json::to_string(record).unwrap_or_default())
-                }
-                _ => Reply::json(503, r#"{"leading":false}"#),
-            },
-            "/healthz" => Reply::text(200, "ok\n"),
-            "/metrics" => Reply::metrics(engine_metrics.render_with(&[&election.registry])),
-            _ => Reply::not_found(),
-        }
-    }
-
     /// Campaign, hold, step down and campaign again; return 0 on SIGTERM or SIGINT.
     async fn run(&self, args: &ElectArgs) -> i32 {
         let mut signals = Signals::watch();
@@ -306,14 +326,15 @@ impl Sidecar {
         let mut deadlines = watchdog.subscribe();
         let mut shown = watchdog.status();
         self.election.elected(lease.token());
-        self.show(&lease, LeaseEvent::Held(shown), true).await;
+        // The pod's marks, once set; until then every renewal tries them again.
+        let mut marked = self.show(&lease, LeaseEvent::Held(shown), true).await;
         let stopped = loop {
             tokio::select! {
                 _ = lost.cancelled() => break false,
                 _ = signals.next() => break true,
                 Some(status) = next_deadline(&mut deadlines, shown.deadline) => {
                     shown = status;
-                    self.show(&lease, LeaseEvent::Held(status), false).await;
+                    marked = self.show(&lease, LeaseEvent::Held(status), !marked).await || marked;
                 }
             }
         };
@@ -324,10 +345,11 @@ impl Sidecar {
     }
 
     /// Shows the lease to the pod and the workload: on election and renewal the token file
-    /// and the mirrors; on the way out the pod's marks first, then the token file.
-    async fn show(&self, lease: &Lease, event: LeaseEvent, elected: bool) {
+    /// and the mirrors (with `mark_pod`, the pod's label and condition too); on the way out the
+    /// pod's marks first, then the token file. True when the API server took the update.
+    async fn show(&self, lease: &Lease, event: LeaseEvent, mark_pod: bool) -> bool {
         let ttl_seconds = i32::try_from(self.timing.ttl.as_secs().max(1)).unwrap_or(i32::MAX);
-        let bound = api_bound(&self.timing);
+        let bound = api_bound(&self.timing, &event);
         // The endpoint is in this process: it changes at once, before the API calls.
         self.shown.send_replace(match event {
             LeaseEvent::Held(status) => {
@@ -335,25 +357,33 @@ impl Sidecar {
             }
             LeaseEvent::Lost => None,
         });
+        let mut updated = true;
         if let Some(mirror) = &self.mirror {
             let update = async {
                 match event {
-                    LeaseEvent::Held(_) if elected => {
+                    LeaseEvent::Held(_) if mark_pod => {
                         mirror.leading(lease.holder(), ttl_seconds).await
                     }
                     LeaseEvent::Held(_) => mirror.renewed(lease.holder(), ttl_seconds).await,
                     LeaseEvent::Lost => mirror.not_leading("SteppedDown").await,
                 }
             };
-            match tokio::time::timeout(bound, update).await {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => tracing::error!(error = %e, "cannot update the pod or the Lease"),
-                Err(_) => tracing::error!(bound_ms = bound.as_millis() as u64, "the API server did not answer in time; the pod or the Lease may show an old state"),
-            }
+            updated = match tokio::time::timeout(bound, update).await {
+                Ok(Ok(())) => true,
+                Ok(Err(e)) => {
+                    tracing::error!(error = %e, "cannot update the pod or the Lease");
+                    false
+                }
+                Err(_) => {
+                    tracing::error!(bound_ms = bound.as_millis() as u64, "the API server did not answer in time; the pod or the Lease may show an old state");
+                    false
+                }
+            };
         }
         if let Some(file) = &self.token_file {
             file.follow(lease, &self.timing, event);
         }
+        updated
     }
 }
 
