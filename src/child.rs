@@ -7,15 +7,17 @@
 //! - the command gets `PR_SET_PDEATHSIG(SIGKILL)`. The kernel sends it when the *thread* that
 //!   forked the command ends, so every command is forked on one thread that lives as long as
 //!   the process ([`spawn`]);
-//! - a group guard (`lockedjob group-guard`, started beside the command once
-//!   [`enable_group_guard`] was called) holds the read end of a pipe whose only writer is the
-//!   supervisor. The kernel closes that pipe when the supervisor dies, however it dies; the
-//!   guard then kills the command's whole process group, which reaches the children the
-//!   command started (a `sh -c` script's pipeline) that the death signal does not.
+//! - a group guard (`lockedjob group-guard`, once [`enable_group_guard`] was called) is started
+//!   first, as the leader of a new process group that the command then joins. It holds the
+//!   read end of a pipe whose only writer is the supervisor. The kernel closes that pipe when
+//!   the supervisor dies, however it dies; the guard then kills the whole group, which reaches
+//!   the children the command started (a `sh -c` script's pipeline) that the death signal
+//!   does not.
 
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 use std::io::{Read, Write};
+use std::os::unix::process::CommandExt;
 use std::process::{ExitStatus, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Mutex, OnceLock};
@@ -52,11 +54,26 @@ struct GroupGuard {
     pipe: std::io::PipeWriter,
 }
 
-/// Starts `command` in a process group of its own, with the parent-death signal set, on the
-/// spawner thread; then its group guard, when enabled.
+/// Starts `command` with the parent-death signal set, on the spawner thread. With the group
+/// guard enabled, the guard starts first and leads a new process group that the command then
+/// joins, so there is no moment when the command runs unguarded; without it, the command
+/// leads a group of its own.
 pub async fn spawn(mut command: Command) -> std::io::Result<Supervised> {
     let supervisor = std::process::id();
-    command.process_group(0).kill_on_drop(true);
+    let guard = if GROUP_GUARD.load(Ordering::Relaxed) {
+        match GroupGuard::start() {
+            Ok(guard) => Some(guard),
+            Err(e) => {
+                // The death signal still covers the command itself.
+                tracing::warn!(error = %e, "cannot start the group guard; if this process is killed, children of the command may outlive it");
+                None
+            }
+        }
+    } else {
+        None
+    };
+    let leader = guard.as_ref().map_or(0, |guard| guard.process.id() as i32);
+    command.process_group(leader).kill_on_drop(true);
     // SAFETY: only async-signal-safe calls (prctl, getppid) between fork and exec.
     unsafe {
         command.pre_exec(move || {
@@ -71,22 +88,24 @@ pub async fn spawn(mut command: Command) -> std::io::Result<Supervised> {
         });
     }
     let runtime = tokio::runtime::Handle::current();
-    let child = on_spawner_thread(move || {
+    let spawned = on_spawner_thread(move || {
         let _context = runtime.enter();
         command.spawn()
     })
-    .await??;
-    let group = child.id().map(|pid| Pid::from_raw(pid as i32));
-    let guard = match group {
-        Some(group) if GROUP_GUARD.load(Ordering::Relaxed) => match GroupGuard::start(group) {
-            Ok(guard) => Some(guard),
-            Err(e) => {
-                // The death signal still covers the command itself.
-                tracing::warn!(error = %e, "cannot start the group guard; if this process is killed, children of the command may outlive it");
-                None
+    .await
+    .and_then(|spawned| spawned);
+    let child = match spawned {
+        Ok(child) => child,
+        Err(e) => {
+            if let Some(guard) = guard {
+                guard.disarm();
             }
-        },
-        _ => None,
+            return Err(e);
+        }
+    };
+    let group = match leader {
+        0 => child.id().map(|pid| Pid::from_raw(pid as i32)),
+        leader => Some(Pid::from_raw(leader)),
     };
     Ok(Supervised {
         child,
@@ -96,13 +115,14 @@ pub async fn spawn(mut command: Command) -> std::io::Result<Supervised> {
 }
 
 impl GroupGuard {
-    fn start(group: Pid) -> std::io::Result<Self> {
+    /// Starts the guard as the leader of a new process group.
+    fn start() -> std::io::Result<Self> {
         // Both ends close-on-exec: the command inherits neither; the guard gets the read end
         // as its standard input.
         let (read, write) = std::io::pipe()?;
         let process = std::process::Command::new("/proc/self/exe")
             .arg(GROUP_GUARD_SUBCOMMAND)
-            .arg(group.as_raw().to_string())
+            .process_group(0)
             .stdin(Stdio::from(read))
             .stdout(Stdio::null())
             .spawn()?;
@@ -200,24 +220,19 @@ async fn on_spawner_thread<T: Send + 'static>(
         .map_err(|_| std::io::Error::other("the spawner thread dropped the request"))
 }
 
-/// `lockedjob group-guard GROUP`: waits on standard input (the supervisor's pipe) and kills
-/// process group `GROUP` when the pipe closes without the disarm byte. Returns the exit code.
-pub fn run_group_guard(group: &str) -> i32 {
-    let Ok(group) = group.parse::<i32>() else {
-        eprintln!("lockedjob group-guard: {group:?} is not a process group id");
-        return crate::cli::exit::USAGE;
-    };
-    if group <= 1 {
-        eprintln!("lockedjob group-guard: refusing process group {group}");
-        return crate::cli::exit::USAGE;
-    }
-    // Signals meant for the supervisor's terminal or group are not the guard's business: it
+/// `lockedjob group-guard`: leads the command's process group, waits on standard input (the
+/// supervisor's pipe), and kills the whole group, itself included, when the pipe closes without
+/// the disarm byte. Returns the exit code.
+pub fn run_group_guard() -> i32 {
+    // The signals the supervisor forwards to the group are the command's business; the guard
     // ends when the supervisor does.
     for sig in [
         Signal::SIGINT,
         Signal::SIGTERM,
         Signal::SIGHUP,
         Signal::SIGQUIT,
+        Signal::SIGUSR1,
+        Signal::SIGUSR2,
     ] {
         // SAFETY: SIG_IGN installs no handler code.
         let _ = unsafe { nix::sys::signal::signal(sig, nix::sys::signal::SigHandler::SigIgn) };
@@ -232,7 +247,7 @@ pub fn run_group_guard(group: &str) -> i32 {
         }
     };
     if !disarmed {
-        let _ = killpg(Pid::from_raw(group), Signal::SIGKILL);
+        let _ = killpg(nix::unistd::getpgrp(), Signal::SIGKILL);
     }
     0
 }

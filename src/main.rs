@@ -81,7 +81,7 @@ enum Command {
     LabClient(lockedjob::lab::client::ClientArgs),
     /// Kills a command's process group when its supervisor dies (started by `exec`, `elect`).
     #[command(hide = true, name = lockedjob::child::GROUP_GUARD_SUBCOMMAND)]
-    GroupGuard { group: String },
+    GroupGuard,
 }
 
 fn main() {
@@ -98,8 +98,8 @@ fn main() {
             print!("{}", lockedjob::api::crd_yaml());
             return;
         }
-        Command::GroupGuard { group } => {
-            std::process::exit(lockedjob::child::run_group_guard(&group));
+        Command::GroupGuard => {
+            std::process::exit(lockedjob::child::run_group_guard());
         }
         Command::Completions { shell } => {
             clap_complete::generate(
@@ -137,10 +137,7 @@ fn main() {
             Command::Status(args) => lockedjob::cli::status::run(*args).await,
             Command::Next(args) => lockedjob::cli::next::run(args).await,
             Command::Backfill(args) => lockedjob::cli::backfill::run(args).await,
-            Command::Crd
-            | Command::Lab(_)
-            | Command::Completions { .. }
-            | Command::GroupGuard { .. } => 0,
+            Command::Crd | Command::Lab(_) | Command::Completions { .. } | Command::GroupGuard => 0,
         }
     });
     // Pending background work (a connection attempt to a dead node) must not delay the exit.
