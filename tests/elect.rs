@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
-use support::{alive, lockedjob_bin, wait_until, Persistence, RedisNodes, SetChecks};
+use support::{alive, lockedjob_bin, wait_until, Persistence, Reap, RedisNodes, SetChecks};
 
 const LOCK_KEY: &str = "lockedjob:lock:writer";
 
@@ -68,18 +68,6 @@ fn stderr_of(child: &mut Child) -> String {
         let _ = stderr.read_to_string(&mut text);
     }
     text
-}
-
-/// Kills a still-running candidate when the test ends early.
-struct Reap(Vec<Child>);
-
-impl Drop for Reap {
-    fn drop(&mut self) {
-        for child in &mut self.0 {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
 }
 
 #[test]

@@ -22,7 +22,7 @@ use std::time::Duration;
 use support::kubernetes::{
     client_for, create_namespace, delete_namespace, eventually, local_cluster,
 };
-use support::{lockedjob_bin, Persistence, RedisNodes, SetChecks};
+use support::{lockedjob_bin, Persistence, Reap, RedisNodes, SetChecks};
 
 /// A kubeconfig that acts as ServiceAccount `account` of `namespace` (a token from the API).
 fn kubeconfig_of(
@@ -231,14 +231,15 @@ async fn the_pod_condition_label_and_lease_follow_the_leader() {
     };
 
     let (port_a, port_b) = (support::free_port(), support::free_port());
-    let mut a = sidecar(
+    let mut reap = Reap(Vec::new());
+    reap.0.push(sidecar(
         &nodes.urls(),
         &kubeconfig,
         &namespace,
         "writer-a",
         port_a,
         &log("writer-a"),
-    );
+    ));
     assert!(
         eventually(Duration::from_secs(20), || async {
             marks(&pods, "writer-a").await == leading()
@@ -247,14 +248,14 @@ async fn the_pod_condition_label_and_lease_follow_the_leader() {
         "a never showed it leads:\n{}",
         logs()
     );
-    let mut b = sidecar(
+    reap.0.push(sidecar(
         &nodes.urls(),
         &kubeconfig,
         &namespace,
         "writer-b",
         port_b,
         &log("writer-b"),
-    );
+    ));
     assert!(
         eventually(Duration::from_secs(20), || async {
             marks(&pods, "writer-b").await == not_leading()
@@ -292,8 +293,8 @@ async fn the_pod_condition_label_and_lease_follow_the_leader() {
     assert!(metrics.trim_end().ends_with("# EOF"), "{metrics}");
 
     // a's sidecar dies without stepping down: b leads after the TTL and clears a's marks.
-    kill(Pid::from_raw(a.id() as i32), Signal::SIGKILL).expect("kill -9 a");
-    let _ = a.wait();
+    kill(Pid::from_raw(reap.0[0].id() as i32), Signal::SIGKILL).expect("kill -9 a");
+    let _ = reap.0[0].wait();
     assert!(
         eventually(Duration::from_secs(20), || async {
             marks(&pods, "writer-b").await == leading()
@@ -319,8 +320,8 @@ async fn the_pod_condition_label_and_lease_follow_the_leader() {
     assert_eq!(get(port_b, "/leader").0, 200);
 
     // A graceful stop: marks off, lock released at once.
-    kill(Pid::from_raw(b.id() as i32), Signal::SIGTERM).expect("SIGTERM b");
-    let status = b.wait().expect("b exits");
+    kill(Pid::from_raw(reap.0[1].id() as i32), Signal::SIGTERM).expect("SIGTERM b");
+    let status = reap.0[1].wait().expect("b exits");
     assert_eq!(status.code(), Some(0), "{}", logs());
     assert_eq!(marks(&pods, "writer-b").await, not_leading());
     assert_eq!(

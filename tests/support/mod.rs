@@ -104,6 +104,19 @@ pub fn status_mib(pid: u32, field: &str) -> f64 {
         .unwrap_or(f64::NAN)
 }
 
+/// Kills the processes it holds that still run when it is dropped: a test that fails early
+/// leaves none behind.
+pub struct Reap(pub Vec<std::process::Child>);
+
+impl Drop for Reap {
+    fn drop(&mut self) {
+        for child in &mut self.0 {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
 /// Path of the built `lockedjob` binary (cargo builds it for integration tests).
 pub fn lockedjob_bin() -> std::path::PathBuf {
     std::path::PathBuf::from(env!("CARGO_BIN_EXE_lockedjob"))
