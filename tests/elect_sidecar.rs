@@ -231,15 +231,10 @@ async fn the_pod_condition_label_and_lease_follow_the_leader() {
     };
 
     let (port_a, port_b) = (support::free_port(), support::free_port());
+    let start =
+        |pod: &str, port| sidecar(&nodes.urls(), &kubeconfig, &namespace, pod, port, &log(pod));
     let mut reap = Reap(Vec::new());
-    reap.0.push(sidecar(
-        &nodes.urls(),
-        &kubeconfig,
-        &namespace,
-        "writer-a",
-        port_a,
-        &log("writer-a"),
-    ));
+    reap.0.push(start("writer-a", port_a));
     assert!(
         eventually(Duration::from_secs(20), || async {
             marks(&pods, "writer-a").await == leading()
@@ -248,14 +243,7 @@ async fn the_pod_condition_label_and_lease_follow_the_leader() {
         "a never showed it leads:\n{}",
         logs()
     );
-    reap.0.push(sidecar(
-        &nodes.urls(),
-        &kubeconfig,
-        &namespace,
-        "writer-b",
-        port_b,
-        &log("writer-b"),
-    ));
+    reap.0.push(start("writer-b", port_b));
     assert!(
         eventually(Duration::from_secs(20), || async {
             marks(&pods, "writer-b").await == not_leading()
