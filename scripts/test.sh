@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Runs every check and test, as CI does. Installs what the tests need when missing:
-# cargo-machete (crates.io), redis-server (Debian), kubernetes-validate (PyPI), and the real
-# control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, helm)
-# built from Go modules into a cache.
+# cargo-machete (crates.io), redis-server and the real node's runc, CNI plugins, iptables and
+# busybox (Debian), kubernetes-validate (PyPI), and the real control plane and node (etcd,
+# kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, helm, kubelet, kube-proxy,
+# containerd, CoreDNS, crictl) built from Go modules into a cache. The real node's tests need
+# root.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -14,7 +16,7 @@ for check in "cargo fmt --version" "cargo clippy --version"; do
   fi
 done
 
-scripts/deps.sh redis-server
+scripts/deps.sh redis-server runc containernetworking-plugins iptables busybox-static
 # The bundled redis-server service is not used: tests start their own nodes on free ports.
 command -v redis-server >/dev/null
 # Kubernetes' OpenAPI schemas, offline, for the manifest checks in tests/chart.rs.
@@ -24,7 +26,7 @@ if ! python3 -m kubernetes_validate --version >/dev/null 2>&1; then
     || echo "warning: kubernetes-validate could not be installed; tests/chart.rs will say it skipped" >&2
 fi
 
-echo "== control plane binaries (scripts/k8s-bins.sh; a cold build takes about 11 minutes)"
+echo "== control plane and node binaries (scripts/k8s-bins.sh; a cold build takes about 15 minutes)"
 started=$(date +%s)
 LOCKEDJOB_K8S_BIN="$(scripts/k8s-bins.sh | tail -n1)"
 echo "   $LOCKEDJOB_K8S_BIN ($(( $(date +%s) - started )) s)"

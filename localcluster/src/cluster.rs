@@ -3,9 +3,11 @@
 //! runs the node agent; dropping the `LocalCluster` stops everything and removes its directory.
 
 use crate::agent::{AgentConfig, NodeAgent};
+use crate::node::{NodeStart, PreparedNode, RealNode};
 use crate::process::Daemon;
 use crate::{free_port, Binaries, Error, Pki};
 use std::collections::{BTreeMap, HashMap};
+use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -28,6 +30,18 @@ pub struct Options {
     /// Write kube-apiserver's audit log (Metadata level: who, what, when; no bodies) to
     /// `audit.log` in the cluster directory. Benchmarks count API requests per client from it.
     pub audit_log: bool,
+    /// What runs the pods.
+    pub node: NodeKind,
+}
+
+/// What runs a cluster's pods.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NodeKind {
+    /// The node agent: pods as local processes (`agent/`), no root needed.
+    Agent,
+    /// A kubelet with containerd and runc, kube-proxy and CoreDNS, in a network namespace of
+    /// its own (`node/`). Needs root; the API server then listens on the node's link.
+    Real,
 }
 
 impl Options {
@@ -39,6 +53,7 @@ impl Options {
             ready_timeout: Duration::from_secs(180),
             images: BTreeMap::new(),
             audit_log: false,
+            node: NodeKind::Agent,
         }
     }
 }
@@ -65,6 +80,7 @@ impl Dir {
 
 pub struct LocalCluster {
     name: String,
+    apiserver_ip: Ipv4Addr,
     apiserver_port: u16,
     token: String,
     version: String,
@@ -84,7 +100,11 @@ struct Layout {
     pki: Pki,
     etcd_client_port: u16,
     etcd_peer_port: u16,
+    /// 127.0.0.1, or the host's address on a real node's link.
+    apiserver_ip: Ipv4Addr,
     apiserver_port: u16,
+    /// `--service-cluster-ip-range`.
+    service_cidr: String,
     kubeconfig: PathBuf,
     tokens: PathBuf,
     images: BTreeMap<String, PathBuf>,
@@ -118,14 +138,15 @@ impl Layout {
         let p = &self.pki;
         let mut args = vec![
             format!("--etcd-servers=http://127.0.0.1:{}", self.etcd_client_port),
-            "--bind-address=127.0.0.1".into(),
-            "--advertise-address=127.0.0.1".into(),
+            format!("--bind-address={}", self.apiserver_ip),
+            format!("--advertise-address={}", self.apiserver_ip),
             format!("--secure-port={}", self.apiserver_port),
             format!("--tls-cert-file={}", p.apiserver_cert.display()),
             format!("--tls-private-key-file={}", p.apiserver_key.display()),
             format!("--client-ca-file={}", p.ca_cert.display()),
             format!("--token-auth-file={}", self.tokens.display()),
-            "--authorization-mode=RBAC".into(),
+            // Node: a real kubelet reads only what its pods need.
+            "--authorization-mode=Node,RBAC".into(),
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local".into(),
             format!(
                 "--service-account-key-file={}",
@@ -135,14 +156,27 @@ impl Layout {
                 "--service-account-signing-key-file={}",
                 p.service_account_key.display()
             ),
-            "--service-cluster-ip-range=10.0.0.0/24".into(),
-            // The `kubernetes` Service's endpoints would name 127.0.0.1, which the API refuses
-            // for Endpoints; in-cluster clients get the address from the node agent instead.
-            "--endpoint-reconciler-type=none".into(),
+            format!("--service-cluster-ip-range={}", self.service_cidr),
             "--kubelet-preferred-address-types=InternalIP".into(),
             "--allow-privileged=true".into(),
             "--profiling=false".into(),
         ];
+        match &self.pki.node {
+            Some(node) => args.extend([
+                format!(
+                    "--kubelet-client-certificate={}",
+                    node.apiserver_kubelet_client.cert.display()
+                ),
+                format!(
+                    "--kubelet-client-key={}",
+                    node.apiserver_kubelet_client.key.display()
+                ),
+                format!("--kubelet-certificate-authority={}", p.ca_cert.display()),
+            ]),
+            // The `kubernetes` Service's endpoints would name 127.0.0.1, which the API refuses
+            // for Endpoints; in-cluster clients get the address from the node agent instead.
+            None => args.push("--endpoint-reconciler-type=none".into()),
+        }
         if self.audit_log {
             args.extend([
                 format!(
@@ -269,17 +303,29 @@ impl LocalCluster {
             ),
         };
         let path = dir.path().to_path_buf();
-        let pki = Pki::generate(&path.join("pki"))?;
+        let node_name = format!("{}-node", options.name);
+        let prepared = match options.node {
+            NodeKind::Real => Some(crate::node::prepare(&path)?),
+            NodeKind::Agent => None,
+        };
+        let identity = prepared.as_ref().map(|p| p.identity(&node_name));
+        let pki = Pki::generate(&path.join("pki"), identity.as_ref())?;
         let token = random_hex();
         let tokens = path.join("tokens.csv");
         std::fs::write(&tokens, format!("{token},admin,admin,system:masters\n"))
             .map_err(|e| Error::io("write the token file", e))?;
         let bin_dir = bins.dir().to_path_buf();
+        let (apiserver_ip, service_cidr) = match &prepared {
+            Some(p) => (p.subnets().host_ip(), p.subnets().service_cidr()),
+            None => (Ipv4Addr::LOCALHOST, "10.0.0.0/24".to_string()),
+        };
         let layout = Layout {
             bins,
             etcd_client_port: port()?,
             etcd_peer_port: port()?,
+            apiserver_ip,
             apiserver_port: port()?,
+            service_cidr,
             kubeconfig: path.join("kubeconfig"),
             tokens,
             pki,
@@ -291,7 +337,7 @@ impl LocalCluster {
             std::fs::write(layout.dir.join("audit-policy.yaml"), AUDIT_POLICY)
                 .map_err(|e| Error::io("write the audit policy", e))?;
         }
-        let server = format!("https://127.0.0.1:{}", layout.apiserver_port);
+        let server = format!("https://{apiserver_ip}:{}", layout.apiserver_port);
         std::fs::write(
             &layout.kubeconfig,
             kubeconfig_text(&options.name, &server, &layout.pki.ca_cert, &token),
@@ -305,7 +351,7 @@ impl LocalCluster {
         let timeout = options.ready_timeout;
         let thread = std::thread::Builder::new()
             .name(format!("localcluster-{name}"))
-            .spawn(move || run_cluster(layout, name, timeout, requests_rx, ready_tx))
+            .spawn(move || run_cluster(layout, prepared, name, timeout, requests_rx, ready_tx))
             .map_err(|e| Error::io("start the cluster thread", e))?;
         let version = match ready_rx.recv() {
             Ok(Ok(version)) => version,
@@ -320,6 +366,7 @@ impl LocalCluster {
         };
         Ok(Self {
             name: options.name.clone(),
+            apiserver_ip,
             apiserver_port,
             token,
             version,
@@ -371,13 +418,13 @@ impl LocalCluster {
         self.dir().join("pki/ca.crt")
     }
 
-    /// `https://127.0.0.1:PORT`.
+    /// `https://IP:PORT`: 127.0.0.1, or the host's address on a real node's link.
     pub fn server(&self) -> String {
-        format!("https://127.0.0.1:{}", self.apiserver_port)
+        format!("https://{}", self.apiserver_addr())
     }
 
     pub fn apiserver_addr(&self) -> String {
-        format!("127.0.0.1:{}", self.apiserver_port)
+        format!("{}:{}", self.apiserver_ip, self.apiserver_port)
     }
 
     /// The version the API server reports (`/version`'s gitVersion).
@@ -441,6 +488,7 @@ impl Drop for LocalCluster {
 /// shutdown. Processes started here die with this thread (PDEATHSIG) if anything goes wrong.
 fn run_cluster(
     layout: Layout,
+    prepared: Option<PreparedNode>,
     name: String,
     timeout: Duration,
     mut requests: mpsc::UnboundedReceiver<Request>,
@@ -457,7 +505,7 @@ fn run_cluster(
         }
     };
     runtime.block_on(async move {
-        let mut started = match start_control_plane(&layout, &name, timeout).await {
+        let mut started = match start_control_plane(&layout, prepared, &name, timeout).await {
             Ok(s) => s,
             Err(e) => {
                 let _ = ready.send(Err(e));
@@ -487,7 +535,11 @@ fn run_cluster(
                 Request::Shutdown => break,
             }
         }
-        started.agent.stop().await;
+        match started.node.take() {
+            Some(NodeRuntime::Agent(agent)) => agent.stop().await,
+            Some(NodeRuntime::Real(node)) => drop(node),
+            None => {}
+        }
         // Controllers first, so none of them acts on a half-stopped cluster.
         for mut daemon in started.daemons.drain(..).rev() {
             daemon.stop(Duration::from_secs(2));
@@ -504,12 +556,18 @@ struct Started {
     apiserver: Option<Daemon>,
     /// Controller manager and scheduler.
     daemons: Vec<Daemon>,
-    agent: NodeAgent,
+    node: Option<NodeRuntime>,
     version: String,
+}
+
+enum NodeRuntime {
+    Agent(NodeAgent),
+    Real(RealNode),
 }
 
 async fn start_control_plane(
     layout: &Layout,
+    prepared: Option<PreparedNode>,
     name: &str,
     timeout: Duration,
 ) -> Result<Started, Error> {
@@ -523,25 +581,48 @@ async fn start_control_plane(
         layout.spawn("kube-scheduler", &layout.component_args(port()?))?,
     ];
     let client = client_for(&layout.kubeconfig).await?;
-    let agent = NodeAgent::start(
-        client,
-        AgentConfig {
-            node_name: format!("{name}-node"),
-            kubelet_version: version.clone(),
-            dir: layout.dir.join("node"),
-            cert: layout.pki.kubelet_cert.clone(),
-            key: layout.pki.kubelet_key.clone(),
-            apiserver_port: layout.apiserver_port,
-            ca_cert: layout.pki.ca_cert.clone(),
-            images: layout.images.clone(),
-        },
-    )
-    .await?;
+    let node_name = format!("{name}-node");
+    let node = match prepared {
+        Some(prepared) => {
+            let server = format!("https://{}:{}", layout.apiserver_ip, layout.apiserver_port);
+            NodeRuntime::Real(
+                RealNode::start(
+                    prepared,
+                    NodeStart {
+                        node_name: &node_name,
+                        bin_dir: layout.bins.dir(),
+                        pki: &layout.pki,
+                        server: &server,
+                        admin_kubeconfig: &layout.kubeconfig,
+                        client,
+                        timeout,
+                    },
+                )
+                .await?,
+            )
+        }
+        None => NodeRuntime::Agent(
+            NodeAgent::start(
+                client,
+                AgentConfig {
+                    node_name,
+                    kubelet_version: version.clone(),
+                    dir: layout.dir.join("node"),
+                    cert: layout.pki.kubelet_cert.clone(),
+                    key: layout.pki.kubelet_key.clone(),
+                    apiserver_port: layout.apiserver_port,
+                    ca_cert: layout.pki.ca_cert.clone(),
+                    images: layout.images.clone(),
+                },
+            )
+            .await?,
+        ),
+    };
     Ok(Started {
         etcd,
         apiserver: Some(apiserver),
         daemons,
-        agent,
+        node: Some(node),
         version,
     })
 }

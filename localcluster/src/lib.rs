@@ -15,12 +15,13 @@
 pub mod agent;
 mod binaries;
 mod cluster;
+pub mod node;
 mod pki;
 mod ports;
 mod process;
 
 pub use binaries::{Binaries, BIN_DIR_ENV};
-pub use cluster::{shared, shared_with, LocalCluster, Options};
+pub use cluster::{shared, shared_with, LocalCluster, NodeKind, Options};
 pub use pki::Pki;
 pub use ports::free_port;
 
@@ -58,6 +59,9 @@ pub enum Error {
         log: PathBuf,
         tail: String,
     },
+    /// A host change a real node needs failed (a command, a namespace, a cgroup).
+    #[error("real node: {0}")]
+    Host(String),
     #[error("Kubernetes client: {0}")]
     Client(String),
     #[error("the cluster's thread is gone (it stopped or panicked)")]

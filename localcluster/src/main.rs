@@ -2,7 +2,7 @@
 //! Ctrl-C or `localcluster down DIR`); `DIR/kubeconfig` reaches it.
 
 use clap::{Parser, Subcommand};
-use localcluster::{Binaries, LocalCluster, Options};
+use localcluster::{Binaries, LocalCluster, NodeKind, Options};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use std::path::{Path, PathBuf};
@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 #[derive(Parser)]
 #[command(
-    about = "A real local Kubernetes control plane with a node agent that runs pods as local processes"
+    about = "A real local Kubernetes cluster: control plane and a node (kubelet, containerd, runc), or the node agent that runs pods as local processes"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -29,13 +29,24 @@ enum Command {
         /// Directory of the binaries (default: $LOCKEDJOB_K8S_BIN, else scripts/k8s-bins.sh).
         #[arg(long)]
         bin: Option<PathBuf>,
-        /// REPOSITORY=PROGRAM: containers of that image (any tag) that name no command run
-        /// PROGRAM, e.g. ghcr.io/lockedjob/lockedjob-operator=target/debug/lockedjob.
+        /// What runs the pods: a real node (kubelet, containerd, runc, kube-proxy, CoreDNS;
+        /// needs root) or the node agent (pods as local processes).
+        #[arg(long, value_enum, default_value_t = Node::Real)]
+        node: Node,
+        /// With `--node agent`: REPOSITORY=PROGRAM: containers of that image (any tag) that
+        /// name no command run PROGRAM, e.g.
+        /// ghcr.io/lockedjob/lockedjob-operator=target/debug/lockedjob.
         #[arg(long = "image", value_parser = parse_image)]
         images: Vec<(String, PathBuf)>,
     },
     /// Stop the cluster started with `up DIR`.
     Down { dir: PathBuf },
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum Node {
+    Real,
+    Agent,
 }
 
 const PID_FILE: &str = "localcluster.pid";
@@ -54,8 +65,16 @@ fn up(
     dir: &Path,
     name: String,
     bin: Option<PathBuf>,
+    node: Node,
     images: Vec<(String, PathBuf)>,
 ) -> Result<(), String> {
+    let node = match node {
+        Node::Real if !images.is_empty() => {
+            return Err("--image maps images to local programs for the node agent: with a real node, images are built and imported (use --node agent)".into());
+        }
+        Node::Real => NodeKind::Real,
+        Node::Agent => NodeKind::Agent,
+    };
     if let Some(pid) = running_pid(dir) {
         return Err(format!(
             "a cluster already runs in {} (pid {pid}): `localcluster down {}` first",
@@ -72,11 +91,19 @@ fn up(
         .transpose()
         .map_err(|e| e.to_string())?;
     let started = Instant::now();
-    eprintln!("starting etcd, kube-apiserver, kube-controller-manager, kube-scheduler and the node agent in {}", dir.display());
+    let node_parts = match node {
+        NodeKind::Real => "a node (containerd, kubelet, kube-proxy, CoreDNS)",
+        NodeKind::Agent => "the node agent",
+    };
+    eprintln!(
+        "starting etcd, kube-apiserver, kube-controller-manager, kube-scheduler and {node_parts} in {}",
+        dir.display()
+    );
     let cluster = LocalCluster::start(Options {
         binaries,
         dir: Some(dir.to_path_buf()),
         images: images.into_iter().collect(),
+        node,
         ..Options::named(&name)
     })
     .map_err(|e| e.to_string())?;
@@ -155,8 +182,9 @@ fn main() -> ExitCode {
             dir,
             name,
             bin,
+            node,
             images,
-        } => up(&dir, name, bin, images),
+        } => up(&dir, name, bin, node, images),
         Command::Down { dir } => down(&dir),
     };
     match result {

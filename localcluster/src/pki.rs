@@ -1,6 +1,7 @@
 //! The cluster's own certificate authority: the API server's serving certificate, the node
 //! agent's kubelet serving certificate and the service-account signing key, written as PEM
-//! files into the cluster's directory.
+//! files into the cluster's directory; for a real node also the kubelet's and kube-proxy's
+//! client certificates and the one the API server presents to the kubelet.
 
 use crate::Error;
 use rcgen::{
@@ -21,6 +22,35 @@ pub struct Pki {
     pub kubelet_key: PathBuf,
     pub service_account_key: PathBuf,
     pub service_account_pub: PathBuf,
+    /// Only for a real node.
+    pub node: Option<NodeCerts>,
+}
+
+/// Who a real node is and where the API server answers it.
+#[derive(Debug, Clone)]
+pub struct NodeIdentity {
+    pub node_name: String,
+    pub node_ip: Ipv4Addr,
+    /// Further addresses of the API server: its address on the node's link and the first
+    /// address of the service range.
+    pub apiserver_ips: Vec<Ipv4Addr>,
+}
+
+/// A certificate and its key.
+#[derive(Debug, Clone)]
+pub struct CertPair {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+#[derive(Debug, Clone)]
+pub struct NodeCerts {
+    /// The kubelet's identity towards the API server (`system:node:NAME`, `system:nodes`).
+    pub kubelet_client: CertPair,
+    /// kube-proxy's (`system:kube-proxy`, bound to `system:node-proxier` by default).
+    pub proxy_client: CertPair,
+    /// What the API server presents to the kubelet for logs and exec.
+    pub apiserver_kubelet_client: CertPair,
 }
 
 fn pki_error(what: &'static str) -> impl FnOnce(rcgen::Error) -> Error {
@@ -29,7 +59,7 @@ fn pki_error(what: &'static str) -> impl FnOnce(rcgen::Error) -> Error {
 
 /// Names the API server answers to: loopback, and the in-cluster names of the `kubernetes`
 /// Service (first address of the service range), so in-cluster clients verify it too.
-fn apiserver_names() -> Vec<SanType> {
+fn apiserver_names(extra_ips: &[Ipv4Addr]) -> Vec<SanType> {
     let mut names: Vec<SanType> = [
         "localhost",
         "kubernetes",
@@ -42,12 +72,68 @@ fn apiserver_names() -> Vec<SanType> {
     .collect();
     names.push(SanType::IpAddress(IpAddr::V4(Ipv4Addr::LOCALHOST)));
     names.push(SanType::IpAddress(IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1))));
+    names.extend(
+        extra_ips
+            .iter()
+            .map(|ip| SanType::IpAddress(IpAddr::V4(*ip))),
+    );
     names
 }
 
+/// What a leaf certificate is for.
+enum Usage {
+    Server(Vec<SanType>),
+    /// Common name is the user, organization the group.
+    Client(Option<&'static str>),
+}
+
+fn issue(
+    ca: &CertifiedIssuer<'_, KeyPair>,
+    pair: &CertPair,
+    common_name: &str,
+    usage: Usage,
+) -> Result<(), Error> {
+    let mut params = CertificateParams::default();
+    params
+        .distinguished_name
+        .push(DnType::CommonName, common_name);
+    params.key_usages = vec![
+        KeyUsagePurpose::DigitalSignature,
+        KeyUsagePurpose::KeyEncipherment,
+    ];
+    match usage {
+        Usage::Server(names) => {
+            params.subject_alt_names = names;
+            params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+        }
+        Usage::Client(group) => {
+            if let Some(group) = group {
+                params
+                    .distinguished_name
+                    .push(DnType::OrganizationName, group);
+            }
+            params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        }
+    }
+    let leaf_key = KeyPair::generate().map_err(pki_error("generate a key"))?;
+    let leaf = params
+        .signed_by(&leaf_key, ca)
+        .map_err(pki_error("sign a certificate"))?;
+    write(&pair.cert, &leaf.pem())?;
+    write(&pair.key, &leaf_key.serialize_pem())
+}
+
+fn pair(dir: &Path, name: &str) -> CertPair {
+    CertPair {
+        cert: dir.join(format!("{name}.crt")),
+        key: dir.join(format!("{name}.key")),
+    }
+}
+
 impl Pki {
-    /// Generates a fresh CA and every certificate and key into `dir`.
-    pub fn generate(dir: &Path) -> Result<Self, Error> {
+    /// Generates a fresh CA and every certificate and key into `dir` (with a real node's
+    /// certificates when `node` is given).
+    pub fn generate(dir: &Path, node: Option<&NodeIdentity>) -> Result<Self, Error> {
         std::fs::create_dir_all(dir).map_err(|e| Error::io("create the pki directory", e))?;
         let pki = Self {
             ca_cert: dir.join("ca.crt"),
@@ -58,6 +144,11 @@ impl Pki {
             kubelet_key: dir.join("kubelet.key"),
             service_account_key: dir.join("sa.key"),
             service_account_pub: dir.join("sa.pub"),
+            node: node.map(|_| NodeCerts {
+                kubelet_client: pair(dir, "kubelet-client"),
+                proxy_client: pair(dir, "kube-proxy-client"),
+                apiserver_kubelet_client: pair(dir, "apiserver-kubelet-client"),
+            }),
         };
 
         let mut ca_params = CertificateParams::default();
@@ -77,30 +168,53 @@ impl Pki {
         write(&pki.ca_cert, &ca.pem())?;
         write(&pki.ca_key, &ca_key_pem)?;
 
-        for (cert, key, common_name) in [
-            (&pki.apiserver_cert, &pki.apiserver_key, "kube-apiserver"),
-            (
-                &pki.kubelet_cert,
-                &pki.kubelet_key,
-                "localcluster-node-agent",
-            ),
-        ] {
-            let mut params = CertificateParams::default();
-            params
-                .distinguished_name
-                .push(DnType::CommonName, common_name);
-            params.subject_alt_names = apiserver_names();
-            params.key_usages = vec![
-                KeyUsagePurpose::DigitalSignature,
-                KeyUsagePurpose::KeyEncipherment,
-            ];
-            params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
-            let leaf_key = KeyPair::generate().map_err(pki_error("generate a serving key"))?;
-            let leaf = params
-                .signed_by(&leaf_key, &ca)
-                .map_err(pki_error("sign a serving certificate"))?;
-            write(cert, &leaf.pem())?;
-            write(key, &leaf_key.serialize_pem())?;
+        let apiserver_ips = node.map(|n| n.apiserver_ips.clone()).unwrap_or_default();
+        let serving = pair(dir, "apiserver");
+        issue(
+            &ca,
+            &serving,
+            "kube-apiserver",
+            Usage::Server(apiserver_names(&apiserver_ips)),
+        )?;
+        // The node agent serves on loopback; a real kubelet on the node's address.
+        let kubelet_names = match node {
+            Some(n) => vec![
+                SanType::IpAddress(IpAddr::V4(n.node_ip)),
+                SanType::DnsName(
+                    n.node_name
+                        .as_str()
+                        .try_into()
+                        .map_err(pki_error("name the node"))?,
+                ),
+            ],
+            None => apiserver_names(&[]),
+        };
+        issue(
+            &ca,
+            &pair(dir, "kubelet"),
+            "localcluster-kubelet",
+            Usage::Server(kubelet_names),
+        )?;
+        if let (Some(n), Some(certs)) = (node, &pki.node) {
+            let user = format!("system:node:{}", n.node_name);
+            issue(
+                &ca,
+                &certs.kubelet_client,
+                &user,
+                Usage::Client(Some("system:nodes")),
+            )?;
+            issue(
+                &ca,
+                &certs.proxy_client,
+                "system:kube-proxy",
+                Usage::Client(None),
+            )?;
+            issue(
+                &ca,
+                &certs.apiserver_kubelet_client,
+                "kube-apiserver-kubelet-client",
+                Usage::Client(Some("system:masters")),
+            )?;
         }
 
         let sa = KeyPair::generate().map_err(pki_error("generate the service-account key"))?;

@@ -30,24 +30,41 @@ pub fn contain(command: &mut Command) -> &mut Command {
 pub struct Daemon {
     child: Child,
     log: PathBuf,
+    name: &'static str,
 }
 
 impl Daemon {
     pub fn spawn(program: &Path, args: &[String], log: PathBuf) -> Result<Self, Error> {
+        let mut command = Command::new(program);
+        command.args(args);
+        Self::spawn_command(command, log)
+    }
+
+    /// Starts a prepared command (its environment, a network namespace) the same way.
+    pub fn spawn_command(mut command: Command, log: PathBuf) -> Result<Self, Error> {
         let file = std::fs::File::create(&log).map_err(|e| Error::io("create a log file", e))?;
         let err = file
             .try_clone()
             .map_err(|e| Error::io("open a log file", e))?;
-        let mut command = Command::new(program);
-        command
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(file)
-            .stderr(err);
+        command.stdin(Stdio::null()).stdout(file).stderr(err);
         let child = contain(&mut command)
             .spawn()
             .map_err(|e| Error::io("start a control-plane process", e))?;
-        Ok(Self { child, log })
+        Ok(Self {
+            child,
+            log,
+            name: "process",
+        })
+    }
+
+    /// Names it in errors.
+    pub fn named(mut self, name: &'static str) -> Self {
+        self.name = name;
+        self
+    }
+
+    pub fn name(&self) -> &'static str {
+        self.name
     }
 
     /// Exited already (it should not have): its exit status.

@@ -1,0 +1,192 @@
+//! Images made on this machine, offline, from files it has (Debian's busybox-static, the Go
+//! binaries built by `scripts/k8s-bins.sh`): each one layer written here as a `docker save`
+//! archive and imported into the node's containerd under the name pods use, so
+//! `imagePullPolicy: IfNotPresent` finds it and nothing is pulled. (buildah would leave its
+//! caches in /var/lib/containers and /etc/cni; a single static layer needs none of it.)
+
+use super::config::PAUSE_IMAGE;
+use crate::Error;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The image tests and examples run shell commands in (`busybox:1.36` in pod specs).
+pub const BUSYBOX_IMAGE: &str = "docker.io/library/busybox:1.36";
+const BUSYBOX: &str = "/bin/busybox";
+
+/// One image: files copied in, symbolic links, entrypoint and command.
+pub struct ImageSpec {
+    pub name: String,
+    pub files: Vec<(PathBuf, &'static str)>,
+    pub links: Vec<(String, String)>,
+    pub entrypoint: Vec<String>,
+    pub cmd: Vec<String>,
+}
+
+fn strings(items: &[&str]) -> Vec<String> {
+    items.iter().map(|s| s.to_string()).collect()
+}
+
+/// The images every node has: the sandbox image, busybox, CoreDNS.
+pub fn node_images(bin_dir: &Path, coredns_image: &str) -> Result<Vec<ImageSpec>, Error> {
+    let applets = busybox_applets()?;
+    Ok(vec![
+        // The sandbox holds the pod's namespaces and does nothing: containerd stops it with
+        // SIGKILL, so a plain sleep serves as well as the pause program.
+        ImageSpec {
+            name: PAUSE_IMAGE.into(),
+            files: vec![(BUSYBOX.into(), "/bin/busybox")],
+            links: vec![],
+            entrypoint: strings(&["/bin/busybox", "sleep", "2147483647"]),
+            cmd: vec![],
+        },
+        ImageSpec {
+            name: BUSYBOX_IMAGE.into(),
+            files: vec![(BUSYBOX.into(), "/bin/busybox")],
+            links: applets
+                .into_iter()
+                .filter(|a| a != "busybox")
+                .map(|a| (format!("/bin/{a}"), "busybox".to_string()))
+                .collect(),
+            entrypoint: vec![],
+            cmd: strings(&["sh"]),
+        },
+        ImageSpec {
+            name: coredns_image.into(),
+            files: vec![(bin_dir.join("coredns"), "/coredns")],
+            links: vec![],
+            entrypoint: strings(&["/coredns"]),
+            cmd: vec![],
+        },
+    ])
+}
+
+fn busybox_applets() -> Result<Vec<String>, Error> {
+    let output = Command::new(BUSYBOX).arg("--list").output().map_err(|e| {
+        Error::Host(format!(
+            "run {BUSYBOX}: {e} (install busybox-static: scripts/deps.sh)"
+        ))
+    })?;
+    Ok(String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect())
+}
+
+/// Writes each image as a docker archive into `work` and imports it into containerd at
+/// `socket`; `work` is removed afterwards.
+pub fn build_and_import(
+    specs: &[ImageSpec],
+    work: &Path,
+    bin_dir: &Path,
+    socket: &str,
+) -> Result<(), Error> {
+    std::fs::create_dir_all(work).map_err(|e| Error::io("create the image build directory", e))?;
+    for (i, spec) in specs.iter().enumerate() {
+        let archive = work.join(format!("image-{i}.tar"));
+        write_archive(spec, &archive)?;
+        let output = Command::new(bin_dir.join("ctr"))
+            .args(["--address", socket, "-n", "k8s.io", "images", "import"])
+            .arg(&archive)
+            .output()
+            .map_err(|e| Error::io("run ctr images import", e))?;
+        if !output.status.success() {
+            return Err(Error::Host(format!(
+                "ctr images import {}: {}",
+                spec.name,
+                String::from_utf8_lossy(&output.stderr).trim()
+            )));
+        }
+    }
+    std::fs::remove_dir_all(work).map_err(|e| Error::io("remove the image build directory", e))
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    ring::digest::digest(&ring::digest::SHA256, bytes)
+        .as_ref()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// The image's one layer: its files, links and the directories programs expect, owned by
+/// root, with no timestamps (the same inputs give the same layer).
+fn layer(spec: &ImageSpec) -> Result<Vec<u8>, Error> {
+    let io = |what| move |e| Error::io(what, e);
+    let mut tar = tar::Builder::new(Vec::new());
+    let mut dir = |path: &str, mode: u32| -> Result<(), Error> {
+        let mut header = tar::Header::new_gnu();
+        header.set_entry_type(tar::EntryType::Directory);
+        header.set_mode(mode);
+        header.set_size(0);
+        tar.append_data(&mut header, path, std::io::empty())
+            .map_err(io("write an image layer"))
+    };
+    for (path, mode) in [
+        ("bin/", 0o755),
+        ("etc/", 0o755),
+        ("tmp/", 0o1777),
+        ("proc/", 0o755),
+        ("sys/", 0o755),
+        ("dev/", 0o755),
+    ] {
+        dir(path, mode)?;
+    }
+    for (from, to) in &spec.files {
+        let bytes = std::fs::read(from).map_err(io("read a file for an image"))?;
+        let mut header = tar::Header::new_gnu();
+        header.set_mode(0o755);
+        header.set_size(bytes.len() as u64);
+        tar.append_data(&mut header, to.trim_start_matches('/'), bytes.as_slice())
+            .map_err(io("write an image layer"))?;
+    }
+    for (link, target) in &spec.links {
+        let mut header = tar::Header::new_gnu();
+        header.set_entry_type(tar::EntryType::Symlink);
+        header.set_mode(0o777);
+        header.set_size(0);
+        tar.append_link(&mut header, link.trim_start_matches('/'), target)
+            .map_err(io("write an image layer"))?;
+    }
+    tar.into_inner().map_err(io("write an image layer"))
+}
+
+/// A `docker save` archive: the layer, the image configuration and a manifest naming it.
+fn write_archive(spec: &ImageSpec, path: &Path) -> Result<(), Error> {
+    let io = |what| move |e| Error::io(what, e);
+    let layer = layer(spec)?;
+    let layer_digest = sha256_hex(&layer);
+    let config = serde_json::to_vec(&serde_json::json!({
+        "architecture": "amd64",
+        "os": "linux",
+        "config": {
+            "Entrypoint": spec.entrypoint,
+            "Cmd": spec.cmd,
+            "Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
+        },
+        "rootfs": {"type": "layers", "diff_ids": [format!("sha256:{layer_digest}")]},
+    }))
+    .map_err(|e| Error::Host(format!("encode an image configuration: {e}")))?;
+    let config_name = format!("{}.json", sha256_hex(&config));
+    let layer_name = format!("{layer_digest}/layer.tar");
+    let manifest = serde_json::to_vec(&serde_json::json!([{
+        "Config": config_name,
+        "RepoTags": [spec.name],
+        "Layers": [layer_name],
+    }]))
+    .map_err(|e| Error::Host(format!("encode an image manifest: {e}")))?;
+    let file = std::fs::File::create(path).map_err(io("create an image archive"))?;
+    let mut archive = tar::Builder::new(file);
+    for (name, bytes) in [
+        (config_name.as_str(), &config),
+        (layer_name.as_str(), &layer),
+        ("manifest.json", &manifest),
+    ] {
+        let mut header = tar::Header::new_gnu();
+        header.set_mode(0o644);
+        header.set_size(bytes.len() as u64);
+        archive
+            .append_data(&mut header, name, bytes.as_slice())
+            .map_err(io("write an image archive"))?;
+    }
+    archive.finish().map_err(io("write an image archive"))
+}
