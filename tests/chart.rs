@@ -244,7 +244,8 @@ const PASSWORD: &str = "s3cr\"et";
 
 /// The chart's redis.conf and start-redis.sh, run for real: the node stays out of service for
 /// the restart delay, then serves with AOF fsynced on every write, no FLUSHALL, the README's
-/// least-privilege user for the engine and the default user for monitoring only.
+/// least-privilege user for the engine and the user `monitoring` for monitoring only; nobody
+/// logs in as the default user.
 #[test]
 fn chart_redis_node_starts_after_its_delay_with_its_durability_settings() {
     let dir = tempfile::tempdir().expect("temp dir");
@@ -259,7 +260,7 @@ fn chart_redis_node_starts_after_its_delay_with_its_durability_settings() {
             .expect("start start-redis.sh"),
     );
     let client = redis::Client::open(format!("redis://127.0.0.1:{port}/")).expect("client");
-    let monitoring = redis::Client::open(format!("redis://:s3cr%22et@127.0.0.1:{port}/"))
+    let monitoring = redis::Client::open(format!("redis://monitoring:s3cr%22et@127.0.0.1:{port}/"))
         .expect("client with password");
 
     // Out of service during the delay: nothing listens yet.
@@ -327,6 +328,12 @@ fn chart_redis_node_starts_after_its_delay_with_its_durability_settings() {
         "the engine's user reaches only keys under its prefix"
     );
 
+    let as_default = redis::Client::open(format!("redis://:s3cr%22et@127.0.0.1:{port}/"))
+        .expect("client as the default user");
+    assert!(
+        as_default.get_connection().is_err(),
+        "nobody logs in as the default user"
+    );
     let mut anonymous = client.get_connection().expect("connect without password");
     let denied: redis::RedisResult<String> =
         redis::cmd("SET").arg("k").arg("v").query(&mut anonymous);
@@ -351,6 +358,48 @@ fn chart_redis_node_starts_after_its_delay_with_its_durability_settings() {
         !password_in_ps.contains("s3cr") && !node_conf.contains("s3cr"),
         "the password must be neither on the command line nor in the config"
     );
+}
+
+/// A chart node restarted on its volume keeps the fence its append-only file holds, with the
+/// password on (the engine's user, the default user off or monitoring only). The engine's
+/// scripts reach the file as MULTI/EXEC; Redis re-checks EXEC against the default user's
+/// rights while loading it (redis/redis#14541, fixed after 8.2), so a default user without
+/// rights silently dropped every lock and fence on restart: found on the real node.
+#[test]
+fn a_restarted_chart_node_keeps_its_fences_with_the_password_on() {
+    for monitoring in ["no", "yes"] {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let port = support::free_port();
+        let start = || {
+            Server(
+                start_script(dir.path(), port, 0)
+                    .env("REDIS_PASSWORD", PASSWORD)
+                    .env("REDIS_MONITORING_USER", monitoring)
+                    .spawn()
+                    .expect("start start-redis.sh"),
+            )
+        };
+        let url = vec![format!("redis://127.0.0.1:{port}")];
+        let server = start();
+        let first = support::wait_until(Duration::from_secs(30), || {
+            lock_with(url.clone(), Default::default()).is_ok()
+        });
+        assert!(first, "{:?}", lock_with(url.clone(), Default::default()));
+        // kill -9: only what reached the file survives (appendfsync always: every write).
+        drop(server);
+        let _server = start();
+        let mut token = Err(String::new());
+        let served = support::wait_until(Duration::from_secs(30), || {
+            token = lock_with(url.clone(), Default::default());
+            token.is_ok()
+        });
+        assert!(served, "{token:?}");
+        assert_eq!(
+            token,
+            Ok(2),
+            "monitoring {monitoring}: the token after a restart (one lock before it)"
+        );
+    }
 }
 
 /// With a cert-manager style Secret mounted: TLS only, client certificates required, and the

@@ -24,8 +24,10 @@ pub struct Options {
     pub dir: Option<PathBuf>,
     /// How long to wait for each component to become ready.
     pub ready_timeout: Duration,
-    /// Image repository (no tag) -> the local program its containers run when they name no
-    /// command (the node agent runs no images).
+    /// Images that run a program of this machine. With the node agent: repository (no tag)
+    /// -> the program its containers run when they name no command. With a real node: image
+    /// reference (`repository:tag`; no tag means `latest`) -> the program an image is built
+    /// of (with its shared libraries, as distroless/cc holds it) and imported under that name.
     pub images: BTreeMap<String, PathBuf>,
     /// Write kube-apiserver's audit log (Metadata level: who, what, when; no bodies) to
     /// `audit.log` in the cluster directory. Benchmarks count API requests per client from it.
@@ -594,6 +596,7 @@ async fn start_control_plane(
                         pki: &layout.pki,
                         server: &server,
                         admin_kubeconfig: &layout.kubeconfig,
+                        images: &layout.images,
                         client,
                         timeout,
                     },
@@ -612,7 +615,17 @@ async fn start_control_plane(
                     key: layout.pki.kubelet_key.clone(),
                     apiserver_port: layout.apiserver_port,
                     ca_cert: layout.pki.ca_cert.clone(),
-                    images: layout.images.clone(),
+                    // The agent matches any tag of a repository.
+                    images: layout
+                        .images
+                        .iter()
+                        .map(|(image, program)| {
+                            (
+                                crate::agent::repository_of(image).to_string(),
+                                program.clone(),
+                            )
+                        })
+                        .collect(),
                 },
             )
             .await?,

@@ -33,9 +33,10 @@ enum Command {
         /// needs root) or the node agent (pods as local processes).
         #[arg(long, value_enum, default_value_t = Node::Real)]
         node: Node,
-        /// With `--node agent`: REPOSITORY=PROGRAM: containers of that image (any tag) that
-        /// name no command run PROGRAM, e.g.
-        /// ghcr.io/lockedjob/lockedjob-operator=target/debug/lockedjob.
+        /// IMAGE=PROGRAM, e.g. ghcr.io/lockedjob/lockedjob-operator:0.1.0=target/debug/lockedjob.
+        /// A real node gets an image of that name holding PROGRAM and its shared libraries;
+        /// the node agent runs PROGRAM for containers of that repository (any tag) that name
+        /// no command.
         #[arg(long = "image", value_parser = parse_image)]
         images: Vec<(String, PathBuf)>,
     },
@@ -69,9 +70,6 @@ fn up(
     images: Vec<(String, PathBuf)>,
 ) -> Result<(), String> {
     let node = match node {
-        Node::Real if !images.is_empty() => {
-            return Err("--image maps images to local programs for the node agent: with a real node, images are built and imported (use --node agent)".into());
-        }
         Node::Real => NodeKind::Real,
         Node::Agent => NodeKind::Agent,
     };

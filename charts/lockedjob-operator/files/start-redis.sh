@@ -8,13 +8,14 @@
 #   RESTART_DELAY_SECONDS  seconds to wait before starting (default 60; 0 disables)
 #   REDIS_CONFIG           base configuration file (default /etc/lockedjob-redis/redis.conf)
 #   REDIS_PASSWORD         when set: the ACL user REDIS_USER gets exactly the rights the
-#                          engine needs, on keys under REDIS_KEY_PREFIX only, and the
-#                          default user is turned off (written to a private include file as
+#                          engine needs, on keys under REDIS_KEY_PREFIX only, and nobody
+#                          can log in as the default user (written to a private include file as
 #                          a SHA-256, never on the command line where `ps` would show it)
 #   REDIS_USER             that user's name (default lockedjob)
 #   REDIS_KEY_PREFIX       the operator's key prefix (default lockedjob)
-#   REDIS_MONITORING_USER  when "yes", the default user stays on with the same password but
-#                          monitoring rights only (INFO and the like, no keys): for an exporter
+#   REDIS_MONITORING_USER  when "yes", the user `monitoring` logs in with the same password,
+#                          with monitoring rights only (INFO and the like, no keys): for an
+#                          exporter
 #   REDIS_TLS_DIR          when set: serve TLS only, with tls.crt, tls.key and ca.crt from
 #                          this directory (a cert-manager Secret), plain-text port off
 #   REDIS_TLS_AUTH_CLIENTS "yes" to require client certificates the CA signed (default no)
@@ -42,6 +43,7 @@ esac
 engine_rights='resetchannels -@all +evalsha +script|load +get +set +pexpire +del +pttl'
 monitoring_rights='resetchannels -@all +ping +info +config|get +client|list +slowlog|get +slowlog|len +latency|latest +memory|stats +dbsize'
 user="${REDIS_USER:-lockedjob}"
+monitoring_user=monitoring
 prefix="${REDIS_KEY_PREFIX:-lockedjob}"
 port="${REDIS_PORT:-6379}"
 case "$user" in
@@ -59,10 +61,13 @@ if [ -n "${REDIS_PASSWORD:-}" ]; then
   # A SHA-256 in the file: no escaping to get wrong, and no password at rest.
   hash=$(printf '%s' "$REDIS_PASSWORD" | sha256sum | cut -d' ' -f1)
   printf 'user %s on #%s resetkeys ~%s:* %s\n' "$user" "$hash" "$prefix" "$engine_rights" >> "$auth"
+  # Nobody can log in as the default user, but it keeps every right: Redis replays the
+  # append-only file's MULTI/EXEC blocks (what the engine's scripts write) as the default user
+  # and re-checks EXEC against its rights (redis/redis#14541). Without them a restarted node
+  # would come back without its locks and fences, and tokens could go backwards.
+  printf 'user default off ~* &* +@all\n' >> "$auth"
   if [ "${REDIS_MONITORING_USER:-no}" = yes ]; then
-    printf 'user default on #%s resetkeys %s\n' "$hash" "$monitoring_rights" >> "$auth"
-  else
-    printf 'user default off\n' >> "$auth"
+    printf 'user %s on #%s resetkeys %s\n' "$monitoring_user" "$hash" "$monitoring_rights" >> "$auth"
   fi
 fi
 if [ -n "${REDIS_TLS_DIR:-}" ]; then

@@ -11,65 +11,123 @@ use std::process::Command;
 
 /// The image tests and examples run shell commands in (`busybox:1.36` in pod specs).
 pub const BUSYBOX_IMAGE: &str = "docker.io/library/busybox:1.36";
+/// The Redis image the chart names by default. Its content is Debian's redis-server (7.0 on
+/// bookworm, not 7.2) with busybox for `start-redis.sh`: the name is what pods ask for.
+pub const REDIS_IMAGE: &str = "docker.io/library/redis:7.2-alpine";
 const BUSYBOX: &str = "/bin/busybox";
+const REDIS_SERVER: &str = "/usr/bin/redis-server";
+const CA_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
 
-/// One image: files copied in, symbolic links, entrypoint and command.
+/// One image: files copied in (from, path in the image), symbolic links, entrypoint,
+/// command and user.
+#[derive(Debug, Clone, Default)]
 pub struct ImageSpec {
     pub name: String,
-    pub files: Vec<(PathBuf, &'static str)>,
+    pub files: Vec<(PathBuf, String)>,
     pub links: Vec<(String, String)>,
     pub entrypoint: Vec<String>,
     pub cmd: Vec<String>,
+    pub user: Option<String>,
 }
 
 fn strings(items: &[&str]) -> Vec<String> {
     items.iter().map(|s| s.to_string()).collect()
 }
 
-/// The images every node has: the sandbox image, busybox, CoreDNS.
+/// The images every node has: the sandbox image, busybox, CoreDNS and Redis.
 pub fn node_images(bin_dir: &Path, coredns_image: &str) -> Result<Vec<ImageSpec>, Error> {
-    let applets = busybox_applets()?;
+    let busybox = busybox_files()?;
+    let mut redis = busybox.clone();
+    redis.files.extend(with_libraries(Path::new(REDIS_SERVER))?);
     Ok(vec![
         // The sandbox holds the pod's namespaces and does nothing: containerd stops it with
         // SIGKILL, so a plain sleep serves as well as the pause program.
         ImageSpec {
             name: PAUSE_IMAGE.into(),
-            files: vec![(BUSYBOX.into(), "/bin/busybox")],
-            links: vec![],
-            entrypoint: strings(&["/bin/busybox", "sleep", "2147483647"]),
-            cmd: vec![],
+            files: vec![(BUSYBOX.into(), BUSYBOX.into())],
+            entrypoint: strings(&[BUSYBOX, "sleep", "2147483647"]),
+            ..ImageSpec::default()
         },
         ImageSpec {
             name: BUSYBOX_IMAGE.into(),
-            files: vec![(BUSYBOX.into(), "/bin/busybox")],
-            links: applets
-                .into_iter()
-                .filter(|a| a != "busybox")
-                .map(|a| (format!("/bin/{a}"), "busybox".to_string()))
-                .collect(),
-            entrypoint: vec![],
             cmd: strings(&["sh"]),
+            ..busybox
         },
         ImageSpec {
             name: coredns_image.into(),
-            files: vec![(bin_dir.join("coredns"), "/coredns")],
-            links: vec![],
+            files: vec![(bin_dir.join("coredns"), "/coredns".into())],
             entrypoint: strings(&["/coredns"]),
-            cmd: vec![],
+            ..ImageSpec::default()
+        },
+        // The user redis images run as; the chart sets it too.
+        ImageSpec {
+            name: REDIS_IMAGE.into(),
+            cmd: strings(&["redis-server"]),
+            user: Some("999:999".into()),
+            ..redis
         },
     ])
 }
 
-fn busybox_applets() -> Result<Vec<String>, Error> {
+/// An image of one program of this machine, as distroless/cc would hold it: the program at
+/// /usr/local/bin, the shared libraries it loads, CA certificates, user 65532, no shell.
+pub fn program_image(name: &str, program: &Path) -> Result<ImageSpec, Error> {
+    let file_name = program
+        .file_name()
+        .and_then(|n| n.to_str())
+        .ok_or_else(|| Error::Host(format!("{}: not a program's path", program.display())))?;
+    let in_image = format!("/usr/local/bin/{file_name}");
+    let mut files = with_libraries(program)?;
+    files[0].1 = in_image.clone();
+    if Path::new(CA_BUNDLE).exists() {
+        files.push((CA_BUNDLE.into(), CA_BUNDLE.into()));
+    }
+    Ok(ImageSpec {
+        name: name.to_string(),
+        files,
+        entrypoint: vec![in_image],
+        user: Some("65532:65532".into()),
+        ..ImageSpec::default()
+    })
+}
+
+fn busybox_files() -> Result<ImageSpec, Error> {
     let output = Command::new(BUSYBOX).arg("--list").output().map_err(|e| {
         Error::Host(format!(
             "run {BUSYBOX}: {e} (install busybox-static: scripts/deps.sh)"
         ))
     })?;
-    Ok(String::from_utf8_lossy(&output.stdout)
+    let links = String::from_utf8_lossy(&output.stdout)
         .lines()
-        .map(str::to_string)
-        .collect())
+        .filter(|a| *a != "busybox")
+        .map(|a| (format!("/bin/{a}"), "busybox".to_string()))
+        .collect();
+    Ok(ImageSpec {
+        files: vec![(BUSYBOX.into(), BUSYBOX.into())],
+        links,
+        ..ImageSpec::default()
+    })
+}
+
+/// The program (first) and every shared library `ldd` says it loads, at the same paths.
+fn with_libraries(program: &Path) -> Result<Vec<(PathBuf, String)>, Error> {
+    let output = Command::new("ldd")
+        .arg(program)
+        .output()
+        .map_err(|e| Error::Host(format!("ldd {}: {e}", program.display())))?;
+    let mut files = vec![(program.to_path_buf(), program.display().to_string())];
+    // "libc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x...)" or "/lib64/ld-linux-x86-64.so.2 (0x...)";
+    // a static program has none ("not a dynamic executable", exit status 1).
+    for line in String::from_utf8_lossy(&output.stdout).lines() {
+        let path = match line.split_once("=>") {
+            Some((_, right)) => right.split_whitespace().next(),
+            None => line.split_whitespace().next(),
+        };
+        if let Some(path) = path.filter(|p| p.starts_with('/')) {
+            files.push((PathBuf::from(path), path.to_string()));
+        }
+    }
+    Ok(files)
 }
 
 /// Writes each image as a docker archive into `work` and imports it into containerd at
@@ -131,6 +189,20 @@ fn layer(spec: &ImageSpec) -> Result<Vec<u8>, Error> {
     ] {
         dir(path, mode)?;
     }
+    let mut parents = std::collections::BTreeSet::new();
+    for (_, to) in &spec.files {
+        let mut parent = Path::new(to.trim_start_matches('/')).parent();
+        while let Some(p) = parent.filter(|p| !p.as_os_str().is_empty()) {
+            parents.insert(p.to_path_buf());
+            parent = p.parent();
+        }
+    }
+    for parent in parents
+        .iter()
+        .filter(|p| !["bin", "etc"].contains(&p.to_str().unwrap_or("")))
+    {
+        dir(&format!("{}/", parent.display()), 0o755)?;
+    }
     for (from, to) in &spec.files {
         let bytes = std::fs::read(from).map_err(io("read a file for an image"))?;
         let mut header = tar::Header::new_gnu();
@@ -161,6 +233,7 @@ fn write_archive(spec: &ImageSpec, path: &Path) -> Result<(), Error> {
         "config": {
             "Entrypoint": spec.entrypoint,
             "Cmd": spec.cmd,
+            "User": spec.user.clone().unwrap_or_default(),
             "Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
         },
         "rootfs": {"type": "layers", "diff_ids": [format!("sha256:{layer_digest}")]},

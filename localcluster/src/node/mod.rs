@@ -1,6 +1,6 @@
 //! A real node: containerd with runc, the kubelet and kube-proxy, in a network namespace of
-//! the node's own (`network.rs`), with images made here (`images.rs`) and CoreDNS
-//! (`dns.rs`). Needs root. What it changes on the host and how that is put back:
+//! the node's own (`network.rs`), with images made here (`images.rs`), CoreDNS (`dns.rs`)
+//! and local volumes behind a default StorageClass (`storage.rs`). Needs root. What it changes on the host and how that is put back:
 //! `host.rs`.
 //!
 //! Two phases, because the API server must listen on the node's link: [`NodeNetwork::create`]
@@ -12,8 +12,9 @@ mod dns;
 mod host;
 mod images;
 mod network;
+mod storage;
 
-pub use images::BUSYBOX_IMAGE;
+pub use images::{BUSYBOX_IMAGE, REDIS_IMAGE};
 pub use network::{NodeNetwork, Subnets};
 
 use crate::pki::{CertPair, NodeIdentity, Pki};
@@ -84,6 +85,8 @@ pub struct NodeStart<'a> {
     pub server: &'a str,
     /// The admin kubeconfig, for applying CoreDNS.
     pub admin_kubeconfig: &'a Path,
+    /// Image reference -> the program an image is made of (`Options::images`).
+    pub images: &'a std::collections::BTreeMap<String, PathBuf>,
     pub client: kube::Client,
     pub timeout: Duration,
 }
@@ -105,6 +108,16 @@ fn coredns_image(bin_dir: &Path) -> String {
         "localcluster.local/coredns:{}",
         if version.is_empty() { "local" } else { version }
     )
+}
+
+/// `repository` -> `repository:latest`; a reference with a tag or digest stays.
+fn with_tag(reference: &str) -> String {
+    let last = reference.rsplit('/').next().unwrap_or(reference);
+    if last.contains(':') || last.contains('@') {
+        reference.to_string()
+    } else {
+        format!("{reference}:latest")
+    }
 }
 
 const NODE_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
@@ -140,7 +153,10 @@ impl RealNode {
         node.spawn(&paths, &netns, "containerd", &containerd_args)?;
         node.wait_for_containerd(s.bin_dir, s.timeout).await?;
         let coredns = coredns_image(s.bin_dir);
-        let specs = images::node_images(s.bin_dir, &coredns)?;
+        let mut specs = images::node_images(s.bin_dir, &coredns)?;
+        for (reference, program) in s.images {
+            specs.push(images::program_image(&with_tag(reference), program)?);
+        }
         images::build_and_import(
             &specs,
             &node_dir.join("images"),
@@ -173,6 +189,8 @@ impl RealNode {
             s.admin_kubeconfig,
             &dns::manifest(&subnets, &coredns),
         )?;
+        let volumes = storage::manifest(&node_dir, s.node_name)?;
+        apply(s.bin_dir, s.admin_kubeconfig, &volumes)?;
         node.wait_until(s.timeout, "coredns", || {
             deployment_ready(&s.client, "kube-system", "coredns")
         })

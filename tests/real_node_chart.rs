@@ -1,0 +1,339 @@
+//! The chart's default install on a real node (issue 30): the operator image (the `lockedjob`
+//! binary cargo built, with its shared libraries, as distroless/cc holds it) and the chart's
+//! own Redis StatefulSets with their volumes, in a namespace that enforces the `restricted`
+//! Pod Security Standard, runc enforcing every security context. One deviation from the
+//! defaults: the Redis nodes' hard anti-affinity is keyed on a label no node has, since this
+//! cluster has one node and the defaults need five.
+//!
+//! Then: the README's example LockedJob runs once per due time; each Redis pod is deleted in
+//! turn, comes back out of service for the restart delay (its port refused), and its volume
+//! keeps the fence; tokens keep growing; deleting the holder's operator pod hands the runs
+//! over. Needs root.
+
+mod support;
+
+use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{Namespace, Pod, Secret};
+use kube::api::{Api, DeleteParams, ListParams, LogParams, PostParams};
+use kube::ResourceExt;
+use localcluster::{LocalCluster, NodeKind, Options};
+use lockedjob::api::LockedJob;
+use serde_json::json;
+use std::collections::BTreeMap;
+use std::net::{SocketAddr, TcpStream};
+use std::path::Path;
+use std::time::{Duration, Instant};
+use support::kubernetes::eventually;
+
+const IMAGE: &str = "ghcr.io/lockedjob/lockedjob-operator";
+const RELEASE: &str = "locks";
+const REDIS_NODES: usize = 5;
+const RESTART_DELAY_SECONDS: u64 = 8;
+const WAIT: Duration = Duration::from_secs(180);
+
+fn chart_app_version() -> String {
+    let chart =
+        std::fs::read_to_string(repo("charts/lockedjob-operator/Chart.yaml")).expect("Chart.yaml");
+    chart
+        .lines()
+        .find_map(|l| l.strip_prefix("appVersion:"))
+        .map(|v| v.trim().trim_matches('"').to_string())
+        .expect("appVersion")
+}
+
+fn repo(path: &str) -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(path)
+}
+
+async fn cluster() -> &'static LocalCluster {
+    tokio::task::spawn_blocking(|| {
+        localcluster::shared_with("chart-real", || Options {
+            node: NodeKind::Real,
+            images: BTreeMap::from([(
+                format!("{IMAGE}:{}", chart_app_version()),
+                support::lockedjob_bin(),
+            )]),
+            ..Options::named("chart")
+        })
+    })
+    .await
+    .expect("join")
+    .expect("start a cluster with a real node")
+}
+
+fn tool(cluster: &LocalCluster, program: &str, args: &[&str]) -> String {
+    let out = cluster
+        .tool(program)
+        .current_dir(repo(""))
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("{program}: {e}"));
+    assert!(
+        out.status.success(),
+        "{program} {args:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+async fn restricted_namespace(client: &kube::Client, prefix: &str) -> String {
+    let name = format!("{prefix}-{}", std::process::id());
+    let ns: Namespace = serde_json::from_value(json!({"metadata": {
+        "name": name,
+        "labels": {"pod-security.kubernetes.io/enforce": "restricted"},
+    }}))
+    .expect("namespace");
+    Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &ns)
+        .await
+        .expect("create namespace");
+    name
+}
+
+fn redis_pod(i: usize) -> String {
+    format!("{RELEASE}-lockedjob-operator-redis-{i}-0")
+}
+
+/// A run: its scheduled time, holder and token, from the pod's output.
+#[derive(Debug, Clone, PartialEq)]
+struct Run {
+    scheduled: String,
+    holder: String,
+    token: u64,
+}
+
+/// "run of TIME by HOLDER, token N" (the example's command).
+fn parse_run(line: &str) -> Option<Run> {
+    let rest = line.trim().strip_prefix("run of ")?;
+    let (scheduled, rest) = rest.split_once(" by ")?;
+    let (holder, token) = rest.split_once(", token ")?;
+    Some(Run {
+        scheduled: scheduled.to_string(),
+        holder: holder.to_string(),
+        token: token.parse().ok()?,
+    })
+}
+
+/// Every completed run so far, in the order of their scheduled times.
+async fn runs(client: &kube::Client, ns: &str) -> Vec<Run> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let mut runs = Vec::new();
+    for pod in pods
+        .list(&ListParams::default())
+        .await
+        .expect("list pods")
+        .items
+    {
+        let done = pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Succeeded");
+        if !done {
+            continue;
+        }
+        let text = pods
+            .logs(&pod.name_any(), &LogParams::default())
+            .await
+            .unwrap_or_default();
+        runs.extend(text.lines().filter_map(parse_run));
+    }
+    runs.sort_by(|a, b| a.scheduled.cmp(&b.scheduled));
+    runs
+}
+
+/// Polls `find` until it finds something or `WAIT` passes.
+async fn poll<T, F, Fut>(mut find: F) -> Option<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + WAIT;
+    while Instant::now() < deadline {
+        if let Some(found) = find().await {
+            return Some(found);
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    None
+}
+
+async fn wait_for_run(client: &kube::Client, ns: &str, accept: impl Fn(&Run) -> bool) -> Run {
+    let found = poll(|| async { runs(client, ns).await.into_iter().find(|r| accept(r)) }).await;
+    found.unwrap_or_else(|| {
+        panic!(
+            "no such run: {:?}",
+            futures::executor::block_on(runs(client, ns))
+        )
+    })
+}
+
+/// The fence a Redis node holds for `lock` (none: it never voted for it), read straight from
+/// the node once it answers (a node loading its append-only file answers LOADING).
+async fn fence_on(addr: SocketAddr, password: &str, lock: &str) -> Option<u64> {
+    let read = || -> Result<Option<u64>, redis::RedisError> {
+        let client = redis::Client::open(format!("redis://lockedjob:{password}@{addr}/"))?;
+        let mut connection = client.get_connection_with_timeout(Duration::from_secs(2))?;
+        redis::cmd("GET")
+            .arg(format!("lockedjob:fence:{lock}"))
+            .query(&mut connection)
+    };
+    let answer = poll(|| async { read().ok() }).await;
+    answer.unwrap_or_else(|| panic!("{addr} never answered GET: {:?}", read()))
+}
+
+async fn pod_ip(
+    pods: &Api<Pod>,
+    name: &str,
+    other_than: Option<&str>,
+) -> (String, std::net::IpAddr) {
+    let found = poll(|| async {
+        pods.get_opt(name).await.ok().flatten().and_then(|p| {
+            let uid = p.uid()?;
+            let ip = p.status?.pod_ip?.parse().ok()?;
+            (Some(uid.as_str()) != other_than).then_some((uid, ip))
+        })
+    })
+    .await;
+    found.unwrap_or_else(|| panic!("pod {name} did not come back with an address"))
+}
+
+async fn all_ready(client: &kube::Client, ns: &str) -> bool {
+    let sets: Api<StatefulSet> = Api::namespaced(client.clone(), ns);
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), ns);
+    let sets_ready = sets.list(&ListParams::default()).await.is_ok_and(|l| {
+        l.items.len() == REDIS_NODES
+            && l.items
+                .iter()
+                .all(|s| s.status.as_ref().and_then(|s| s.ready_replicas) == Some(1))
+    });
+    let operator_ready = deployments
+        .get(&format!("{RELEASE}-lockedjob-operator"))
+        .await
+        .is_ok_and(|d| d.status.and_then(|s| s.ready_replicas) == Some(3));
+    sets_ready && operator_ready
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_charts_defaults_run_on_a_real_node_in_a_restricted_namespace() {
+    let cluster = cluster().await;
+    let client = cluster.client().await.expect("client");
+    let ns = restricted_namespace(&client, "locks").await;
+    let jobs_ns = restricted_namespace(&client, "demo").await;
+    let delay = RESTART_DELAY_SECONDS.to_string();
+    tool(
+        cluster,
+        "helm",
+        &[
+            "install",
+            RELEASE,
+            "charts/lockedjob-operator",
+            "--namespace",
+            &ns,
+            "--set",
+            "redis.spread.topologyKey=lockedjob.dev/one-node-here",
+            "--set",
+            &format!("redis.restartDelaySeconds={delay}"),
+            "--wait",
+            "--timeout",
+            "5m",
+        ],
+    );
+    assert!(
+        eventually(WAIT, || all_ready(&client, &ns)).await,
+        "the release is not Ready"
+    );
+
+    tool(
+        cluster,
+        "kubectl",
+        &[
+            "apply",
+            "-n",
+            &jobs_ns,
+            "-f",
+            "examples/hello-every-10-seconds.yaml",
+        ],
+    );
+    let first = wait_for_run(&client, &jobs_ns, |_| true).await;
+    let lock = format!("{jobs_ns}/hello");
+
+    let secret = Api::<Secret>::namespaced(client.clone(), &ns)
+        .get(&format!("{RELEASE}-lockedjob-operator-redis-auth"))
+        .await
+        .expect("the chart's Redis password");
+    let password =
+        String::from_utf8(secret.data.expect("data")["password"].0.clone()).expect("utf-8");
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let mut last = first.token;
+    for i in 0..REDIS_NODES {
+        let name = redis_pod(i);
+        let (uid, ip) = pod_ip(&pods, &name, None).await;
+        let fence = fence_on(SocketAddr::new(ip, 6379), &password, &lock).await;
+        pods.delete(&name, &DeleteParams::default())
+            .await
+            .expect("delete a Redis pod");
+        let (_, ip) = pod_ip(&pods, &name, Some(&uid)).await;
+        let addr = SocketAddr::new(ip, 6379);
+        // Out of service for the restart delay: nothing listens, so it grants no lock.
+        let came_back = Instant::now();
+        assert!(
+            TcpStream::connect_timeout(&addr, Duration::from_secs(1)).is_err(),
+            "{name} served at once, before its restart delay"
+        );
+        assert!(
+            eventually(WAIT, || async {
+                TcpStream::connect_timeout(&addr, Duration::from_secs(1)).is_ok()
+            })
+            .await,
+            "{name} never served again"
+        );
+        assert!(came_back.elapsed() >= Duration::from_secs(RESTART_DELAY_SECONDS) / 2);
+        // Its volume kept the fence (a node that had not voted yet holds none).
+        let kept = fence_on(addr, &password, &lock).await;
+        assert!(
+            kept >= fence,
+            "{name}: fence {fence:?} before, {kept:?} after"
+        );
+        assert!(
+            eventually(WAIT, || all_ready(&client, &ns)).await,
+            "not Ready after {name}"
+        );
+        last = wait_for_run(&client, &jobs_ns, |r| r.token > last)
+            .await
+            .token;
+    }
+
+    let lockedjobs: Api<LockedJob> = Api::namespaced(client.clone(), &jobs_ns);
+    let holder = lockedjobs
+        .get("hello")
+        .await
+        .expect("the LockedJob")
+        .status
+        .and_then(|s| s.last_run)
+        .map(|r| r.holder)
+        .expect("a holder");
+    let holder_pod = holder.rsplit('/').next().expect("pod name").to_string();
+    Api::<Pod>::namespaced(client.clone(), &ns)
+        .delete(&holder_pod, &DeleteParams::default())
+        .await
+        .expect("delete the holder's operator pod");
+    // A run by another replica (a failing wait panics with every run so far).
+    wait_for_run(&client, &jobs_ns, |r| r.token > last && r.holder != holder).await;
+
+    // Once per due time, and the token only grows with time.
+    let all = runs(&client, &jobs_ns).await;
+    for pair in all.windows(2) {
+        assert!(
+            pair[0].scheduled < pair[1].scheduled,
+            "a due time ran twice: {pair:?}"
+        );
+        assert!(
+            pair[0].token < pair[1].token,
+            "token did not grow: {pair:?}"
+        );
+    }
+    let jobs = Api::<Job>::namespaced(client.clone(), &jobs_ns)
+        .list(&ListParams::default())
+        .await
+        .expect("jobs");
+    assert!(jobs.items.len() >= all.len());
+}
