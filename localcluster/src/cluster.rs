@@ -231,6 +231,7 @@ impl Layout {
             args,
             self.dir.join(format!("{name}.log")),
         )
+        .map(|d| d.named(name))
     }
 }
 
@@ -515,7 +516,23 @@ fn run_cluster(
             }
         };
         let _ = ready.send(Ok(started.version.clone()));
-        while let Some(request) = requests.recv().await {
+        let mut watch = tokio::time::interval(Duration::from_secs(1));
+        let mut reported = false;
+        loop {
+            let request = tokio::select! {
+                request = requests.recv() => request,
+                _ = watch.tick() => {
+                    // Nothing restarts a component that died: say so once, with its log.
+                    if !reported {
+                        if let Err(e) = started.check_alive() {
+                            eprintln!("localcluster {name}: {e}");
+                            reported = true;
+                        }
+                    }
+                    continue;
+                }
+            };
+            let Some(request) = request else { break };
             match request {
                 Request::StopApiserver(reply) => {
                     // Blocks the agent for the few seconds kube-apiserver takes to stop:
@@ -565,6 +582,24 @@ struct Started {
 enum NodeRuntime {
     Agent(NodeAgent),
     Real(RealNode),
+}
+
+impl Started {
+    /// Fails with the log of the first component that exited (none of them should).
+    fn check_alive(&mut self) -> Result<(), Error> {
+        let control_plane = std::iter::once(&mut self.etcd)
+            .chain(self.apiserver.as_mut())
+            .chain(self.daemons.iter_mut());
+        for daemon in control_plane {
+            if let Some(status) = daemon.exited() {
+                return Err(daemon.exited_error(status));
+            }
+        }
+        match &mut self.node {
+            Some(NodeRuntime::Real(node)) => node.check_alive(),
+            _ => Ok(()),
+        }
+    }
 }
 
 async fn start_control_plane(
@@ -631,13 +666,17 @@ async fn start_control_plane(
             .await?,
         ),
     };
-    Ok(Started {
+    let mut started = Started {
         etcd,
         apiserver: Some(apiserver),
         daemons,
         node: Some(node),
         version,
-    })
+    };
+    // A component that exited while the rest started (a port taken since it was picked) fails
+    // the start here, with its log, rather than as a timeout later.
+    started.check_alive()?;
+    Ok(started)
 }
 
 /// Starts kube-apiserver and waits for `/readyz`; returns it with the version it reports.

@@ -63,10 +63,6 @@ impl Daemon {
         self
     }
 
-    pub fn name(&self) -> &'static str {
-        self.name
-    }
-
     /// Exited already (it should not have): its exit status.
     pub fn exited(&mut self) -> Option<String> {
         self.child
@@ -74,6 +70,16 @@ impl Daemon {
             .ok()
             .flatten()
             .map(|status| status.to_string())
+    }
+
+    /// The error for its having exited with `status`, with the end of its log.
+    pub fn exited_error(&self, status: String) -> Error {
+        Error::Exited {
+            process: self.name,
+            status,
+            log: self.log.clone(),
+            tail: self.log_tail(30),
+        }
     }
 
     /// The last lines of its log, for error messages.

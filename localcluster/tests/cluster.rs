@@ -307,3 +307,48 @@ async fn deletion_sends_sigterm_and_a_failing_container_restarts_by_policy() {
         .delete(&ns, &DeleteParams::background())
         .await;
 }
+
+/// A component that exits while the cluster starts fails the start with its log (the
+/// quickstart once waited 5 minutes on a scheduler that had exited at once), after the retries
+/// on fresh ports a taken port gets.
+#[test]
+fn a_component_that_exits_at_start_fails_the_start_with_its_log() {
+    let real = localcluster::Binaries::locate().expect("binaries");
+    let dir = tempfile::tempdir().expect("temp dir");
+    for name in [
+        "etcd",
+        "kube-apiserver",
+        "kube-controller-manager",
+        "kubectl",
+        "helm",
+    ] {
+        std::os::unix::fs::symlink(real.path(name), dir.path().join(name)).expect("link");
+    }
+    let scheduler = dir.path().join("kube-scheduler");
+    std::fs::write(
+        &scheduler,
+        "#!/bin/sh\necho 'failed to listen on 127.0.0.1:1: bind: address already in use' >&2\nexit 1\n",
+    )
+    .expect("write a failing scheduler");
+    std::fs::set_permissions(
+        &scheduler,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .expect("chmod");
+    let started = LocalCluster::start(localcluster::Options {
+        binaries: Some(localcluster::Binaries::in_dir(dir.path()).expect("binaries")),
+        ..localcluster::Options::named("broken")
+    });
+    match started {
+        Err(
+            e @ localcluster::Error::Exited {
+                process: "kube-scheduler",
+                ..
+            },
+        ) => {
+            assert!(e.to_string().contains("address already in use"), "{e}");
+        }
+        Err(e) => panic!("another error: {e}"),
+        Ok(_) => panic!("the cluster started without its scheduler"),
+    }
+}

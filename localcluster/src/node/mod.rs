@@ -255,16 +255,7 @@ impl RealNode {
             if ready().await? {
                 return Ok(());
             }
-            for daemon in &mut self.daemons {
-                if let Some(status) = daemon.exited() {
-                    return Err(Error::Exited {
-                        process: daemon.name(),
-                        status,
-                        log: daemon.log_path().to_path_buf(),
-                        tail: daemon.log_tail(30),
-                    });
-                }
-            }
+            self.check_alive()?;
             if Instant::now() >= deadline {
                 let last = self.daemons.last();
                 return Err(Error::NotReady {
@@ -278,11 +269,14 @@ impl RealNode {
         }
     }
 
-    /// A node process that exited on its own (they never should): its name and status.
-    pub fn exited(&mut self) -> Option<(&'static str, String)> {
-        self.daemons
-            .iter_mut()
-            .find_map(|d| d.exited().map(|status| (d.name(), status)))
+    /// Fails with the log of a node process that exited (none of them should).
+    pub fn check_alive(&mut self) -> Result<(), Error> {
+        for daemon in &mut self.daemons {
+            if let Some(status) = daemon.exited() {
+                return Err(daemon.exited_error(status));
+            }
+        }
+        Ok(())
     }
 
     fn stop(&mut self) {
