@@ -8,7 +8,8 @@
 //! Then: the README's example LockedJob runs once per due time; each Redis pod is deleted in
 //! turn, comes back out of service for the restart delay (its port refused), and its volume
 //! keeps the fence; tokens keep growing; deleting the holder's operator pod hands the runs
-//! over. Needs root.
+//! over. The README's "`lockedjob exec` in a plain CronJob" container runs as written, in a
+//! Job beside the release (so a wrong Service name, user or Secret fails here). Needs root.
 
 mod support;
 
@@ -212,6 +213,42 @@ async fn all_ready(client: &kube::Client, ns: &str) -> bool {
     sets_ready && operator_ready
 }
 
+/// The README's plain-CronJob container, in a Job in the release's namespace: its image is the
+/// operator's (it holds the binary), its command `lockedjob --version`.
+fn readme_exec_job(ns: &str, image: &str) -> String {
+    let readme = std::fs::read_to_string(repo("README.md")).expect("README");
+    let marker = "<!-- tests/real_node_chart.rs runs the next block -->";
+    let after = &readme[readme.find(marker).expect("the README's marker") + marker.len()..];
+    let block = after
+        .split("```yaml\n")
+        .nth(1)
+        .and_then(|rest| rest.split("```").next())
+        .expect("the README's yaml block");
+    let block = block
+        .replace("registry.example.com/sweep-with-lockedjob:1.0", image)
+        .replace("/app/sweep]", "/usr/local/bin/lockedjob, --version]")
+        .replace(".lockedjob.svc", &format!(".{ns}.svc"));
+    let containers: String = block.lines().map(|l| format!("      {l}\n")).collect();
+    format!(
+        "apiVersion: batch/v1\nkind: Job\nmetadata: {{name: readme-exec, namespace: {ns}}}\nspec:\n  backoffLimit: 0\n  template:\n    spec:\n      restartPolicy: Never\n{containers}"
+    )
+}
+
+async fn job_succeeded(client: &kube::Client, ns: &str, name: &str) -> Option<bool> {
+    let job = Api::<Job>::namespaced(client.clone(), ns)
+        .get(name)
+        .await
+        .ok()?;
+    let status = job.status?;
+    if status.succeeded.unwrap_or(0) > 0 {
+        Some(true)
+    } else if status.failed.unwrap_or(0) > 0 {
+        Some(false)
+    } else {
+        None
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_charts_defaults_run_on_a_real_node_in_a_restricted_namespace() {
     let cluster = cluster().await;
@@ -241,6 +278,36 @@ async fn the_charts_defaults_run_on_a_real_node_in_a_restricted_namespace() {
         eventually(WAIT, || all_ready(&client, &ns)).await,
         "the release is not Ready"
     );
+
+    let job = readme_exec_job(&ns, &format!("{IMAGE}:{}", chart_app_version()));
+    let file = tempfile::NamedTempFile::new().expect("temp file");
+    std::fs::write(file.path(), &job).expect("write the Job");
+    tool(
+        cluster,
+        "kubectl",
+        &["apply", "-f", &file.path().display().to_string()],
+    );
+    let outcome = poll(|| job_succeeded(&client, &ns, "readme-exec")).await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let exec_pod = pods
+        .list(&ListParams::default().labels("job-name=readme-exec"))
+        .await
+        .expect("list")
+        .items
+        .into_iter()
+        .next()
+        .map(|p| p.name_any())
+        .unwrap_or_default();
+    let output = pods
+        .logs(&exec_pod, &LogParams::default())
+        .await
+        .unwrap_or_default();
+    assert_eq!(
+        outcome,
+        Some(true),
+        "the README's exec container:\n{job}\n{output}"
+    );
+    assert!(output.contains("lockedjob"), "{output}");
 
     tool(
         cluster,
