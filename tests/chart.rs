@@ -568,7 +568,7 @@ fn helm_lint_and_template_with_default_and_every_ci_values_file() {
     // Every optional object on, so each template renders at least once.
     let all_on = [
         "--set",
-        "metrics.serviceMonitor.enabled=true,metrics.prometheusRule.enabled=true,redis.exporter.enabled=true",
+        "metrics.serviceMonitor.enabled=true,metrics.prometheusRule.enabled=true,redis.exporter.enabled=true,metrics.networkPolicy.enabled=true",
     ];
     for values in values_files {
         let mut command = helm();
@@ -591,6 +591,7 @@ fn helm_lint_and_template_with_default_and_every_ci_values_file() {
             "kind: Deployment",
             "kind: PrometheusRule",
             "kind: ServiceMonitor",
+            "kind: NetworkPolicy\nmetadata:\n  name: t-lockedjob-operator-metrics\n",
         ] {
             assert!(text.contains(kind), "{values:?} renders {kind}");
         }
