@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A local Kubernetes control plane for people:
-#   scripts/k8s.sh up DIR [--node agent]
+#   scripts/k8s.sh up DIR [--nodes N | --node agent]
 #                             build or reuse the binaries, start etcd, kube-apiserver,
 #                             kube-controller-manager, kube-scheduler and a real node (kubelet,
 #                             containerd, runc, kube-proxy, CoreDNS; needs root) in DIR, or with
@@ -12,7 +12,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-usage() { echo "usage: scripts/k8s.sh up DIR [--node real|agent] | down DIR" >&2; exit 2; }
+usage() { echo "usage: scripts/k8s.sh up DIR [--nodes N | --node agent] | down DIR" >&2; exit 2; }
 [ $# -ge 2 ] || usage
 command="$1" dir="$2"; shift 2
 case "$command" in

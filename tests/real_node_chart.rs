@@ -1,9 +1,9 @@
 //! The chart's default install on a real node (issue 30): the operator image (the `lockedjob`
 //! binary cargo built, with its shared libraries, as distroless/cc holds it) and the chart's
-//! own Redis StatefulSets with their volumes, in a namespace that enforces the `restricted`
-//! Pod Security Standard, runc enforcing every security context. One deviation from the
-//! defaults: the Redis nodes' hard anti-affinity is keyed on a label no node has, since this
-//! cluster has one node and the defaults need five.
+//! own Redis StatefulSets with their volumes, one per node of five (the chart's hard
+//! anti-affinity), in a namespace that enforces the `restricted` Pod Security Standard, runc
+//! enforcing every security context. One value differs from the defaults: a restart delay of
+//! 8 s instead of 60, to keep the test short.
 //!
 //! Then: the README's example LockedJob runs once per due time; each Redis pod is deleted in
 //! turn, comes back out of service for the restart delay (its port refused), and its volume
@@ -51,6 +51,7 @@ async fn cluster() -> &'static LocalCluster {
     tokio::task::spawn_blocking(|| {
         localcluster::shared_with("chart-real", || Options {
             node: NodeKind::Real,
+            nodes: REDIS_NODES as u8,
             images: BTreeMap::from([(
                 format!("{IMAGE}:{}", chart_app_version()),
                 support::lockedjob_bin(),
@@ -266,8 +267,6 @@ async fn the_charts_defaults_run_on_a_real_node_in_a_restricted_namespace() {
             "--namespace",
             &ns,
             "--set",
-            "redis.spread.topologyKey=lockedjob.dev/one-node-here",
-            "--set",
             &format!("redis.restartDelaySeconds={delay}"),
             "--wait",
             "--timeout",
@@ -277,6 +276,20 @@ async fn the_charts_defaults_run_on_a_real_node_in_a_restricted_namespace() {
     assert!(
         eventually(WAIT, || all_ready(&client, &ns)).await,
         "the release is not Ready"
+    );
+    let redis_nodes: std::collections::BTreeSet<String> =
+        Api::<Pod>::namespaced(client.clone(), &ns)
+            .list(&ListParams::default().labels("app.kubernetes.io/component=redis"))
+            .await
+            .expect("list Redis pods")
+            .items
+            .into_iter()
+            .filter_map(|p| p.spec.and_then(|s| s.node_name))
+            .collect();
+    assert_eq!(
+        redis_nodes.len(),
+        REDIS_NODES,
+        "one Redis node per Kubernetes node: {redis_nodes:?}"
     );
 
     let job = readme_exec_job(&ns, &format!("{IMAGE}:{}", chart_app_version()));

@@ -3,7 +3,7 @@
 //! runs the node agent; dropping the `LocalCluster` stops everything and removes its directory.
 
 use crate::agent::{AgentConfig, NodeAgent};
-use crate::node::{NodeStart, PreparedNode, RealNode};
+use crate::node::{NodeStart, PreparedNodes, RealNodes};
 use crate::process::Daemon;
 use crate::{free_port, Binaries, Error, Pki};
 use std::collections::{BTreeMap, HashMap};
@@ -34,6 +34,8 @@ pub struct Options {
     pub audit_log: bool,
     /// What runs the pods.
     pub node: NodeKind,
+    /// How many real nodes (1 to `node::MAX_NODES`); the agent is always one node.
+    pub nodes: u8,
 }
 
 /// What runs a cluster's pods.
@@ -56,6 +58,7 @@ impl Options {
             images: BTreeMap::new(),
             audit_log: false,
             node: NodeKind::Agent,
+            nodes: 1,
         }
     }
 }
@@ -306,12 +309,11 @@ impl LocalCluster {
             ),
         };
         let path = dir.path().to_path_buf();
-        let node_name = format!("{}-node", options.name);
         let prepared = match options.node {
-            NodeKind::Real => Some(crate::node::prepare(&path)?),
+            NodeKind::Real => Some(crate::node::prepare(&path, options.nodes)?),
             NodeKind::Agent => None,
         };
-        let identity = prepared.as_ref().map(|p| p.identity(&node_name));
+        let identity = prepared.as_ref().map(|p| p.identity(&options.name));
         let pki = Pki::generate(&path.join("pki"), identity.as_ref())?;
         let token = random_hex();
         let tokens = path.join("tokens.csv");
@@ -491,7 +493,7 @@ impl Drop for LocalCluster {
 /// shutdown. Processes started here die with this thread (PDEATHSIG) if anything goes wrong.
 fn run_cluster(
     layout: Layout,
-    prepared: Option<PreparedNode>,
+    prepared: Option<PreparedNodes>,
     name: String,
     timeout: Duration,
     mut requests: mpsc::UnboundedReceiver<Request>,
@@ -581,7 +583,7 @@ struct Started {
 
 enum NodeRuntime {
     Agent(NodeAgent),
-    Real(RealNode),
+    Real(RealNodes),
 }
 
 impl Started {
@@ -604,7 +606,7 @@ impl Started {
 
 async fn start_control_plane(
     layout: &Layout,
-    prepared: Option<PreparedNode>,
+    prepared: Option<PreparedNodes>,
     name: &str,
     timeout: Duration,
 ) -> Result<Started, Error> {
@@ -623,10 +625,10 @@ async fn start_control_plane(
         Some(prepared) => {
             let server = format!("https://{}:{}", layout.apiserver_ip, layout.apiserver_port);
             NodeRuntime::Real(
-                RealNode::start(
+                RealNodes::start(
                     prepared,
                     NodeStart {
-                        node_name: &node_name,
+                        cluster_name: name,
                         bin_dir: layout.bins.dir(),
                         pki: &layout.pki,
                         server: &server,

@@ -33,6 +33,9 @@ enum Command {
         /// needs root) or the node agent (pods as local processes).
         #[arg(long, value_enum, default_value_t = Node::Real)]
         node: Node,
+        /// How many real nodes (each a kubelet, containerd and kube-proxy of its own).
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=i64::from(localcluster::node::MAX_NODES)))]
+        nodes: u8,
         /// IMAGE=PROGRAM, e.g. ghcr.io/lockedjob/lockedjob-operator:0.1.0=target/debug/lockedjob.
         /// A real node gets an image of that name holding PROGRAM and its shared libraries;
         /// the node agent runs PROGRAM for containers of that repository (any tag) that name
@@ -67,6 +70,7 @@ fn up(
     name: String,
     bin: Option<PathBuf>,
     node: Node,
+    nodes: u8,
     images: Vec<(String, PathBuf)>,
 ) -> Result<(), String> {
     let node = match node {
@@ -81,8 +85,17 @@ fn up(
         ));
     }
     // A fresh cluster each time: the CA and keys are new, so old data would not verify.
-    for stale in ["etcd", "node"] {
-        let _ = std::fs::remove_dir_all(dir.join(stale));
+    let stale = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| {
+            let name = e.file_name();
+            let name = name.to_string_lossy();
+            name == "etcd" || name == "node" || name.starts_with("node-")
+        });
+    for entry in stale {
+        let _ = std::fs::remove_dir_all(entry.path());
     }
     let binaries = bin
         .map(Binaries::in_dir)
@@ -90,7 +103,7 @@ fn up(
         .map_err(|e| e.to_string())?;
     let started = Instant::now();
     let node_parts = match node {
-        NodeKind::Real => "a node (containerd, kubelet, kube-proxy, CoreDNS)",
+        NodeKind::Real => "real nodes (containerd, kubelet, kube-proxy; CoreDNS)",
         NodeKind::Agent => "the node agent",
     };
     eprintln!(
@@ -102,13 +115,14 @@ fn up(
         dir: Some(dir.to_path_buf()),
         images: images.into_iter().collect(),
         node,
+        nodes,
         ..Options::named(&name)
     })
     .map_err(|e| e.to_string())?;
     std::fs::write(dir.join(PID_FILE), std::process::id().to_string())
         .map_err(|e| format!("write {PID_FILE}: {e}"))?;
     eprintln!(
-        "ready in {:.1} s: Kubernetes {} at {}, node {name}-node; logs in {}",
+        "ready in {:.1} s: Kubernetes {} at {}, nodes {name}-node...; logs in {}",
         started.elapsed().as_secs_f64(),
         cluster.version(),
         cluster.server(),
@@ -181,8 +195,9 @@ fn main() -> ExitCode {
             name,
             bin,
             node,
+            nodes,
             images,
-        } => up(&dir, name, bin, node, images),
+        } => up(&dir, name, bin, node, nodes, images),
         Command::Down { dir } => down(&dir),
     };
     match result {

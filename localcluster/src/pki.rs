@@ -26,12 +26,12 @@ pub struct Pki {
     pub node: Option<NodeCerts>,
 }
 
-/// Who a real node is and where the API server answers it.
+/// Who a cluster's real nodes are and where the API server answers them.
 #[derive(Debug, Clone)]
 pub struct NodeIdentity {
-    pub node_name: String,
-    pub node_ip: Ipv4Addr,
-    /// Further addresses of the API server: its address on the node's link and the first
+    /// Each node's name and address.
+    pub nodes: Vec<(String, Ipv4Addr)>,
+    /// Further addresses of the API server: its address on the nodes' link and the first
     /// address of the service range.
     pub apiserver_ips: Vec<Ipv4Addr>,
 }
@@ -43,10 +43,19 @@ pub struct CertPair {
     pub key: PathBuf,
 }
 
+/// One kubelet's certificates.
+#[derive(Debug, Clone)]
+pub struct KubeletCerts {
+    /// Its API's, for the node's name and address.
+    pub serving: CertPair,
+    /// Its identity towards the API server (`system:node:NAME`, group `system:nodes`).
+    pub client: CertPair,
+}
+
 #[derive(Debug, Clone)]
 pub struct NodeCerts {
-    /// The kubelet's identity towards the API server (`system:node:NAME`, `system:nodes`).
-    pub kubelet_client: CertPair,
+    /// Per node, in the order of `NodeIdentity::nodes`.
+    pub kubelets: Vec<KubeletCerts>,
     /// kube-proxy's (`system:kube-proxy`, bound to `system:node-proxier` by default).
     pub proxy_client: CertPair,
     /// What the API server presents to the kubelet for logs and exec.
@@ -144,8 +153,13 @@ impl Pki {
             kubelet_key: dir.join("kubelet.key"),
             service_account_key: dir.join("sa.key"),
             service_account_pub: dir.join("sa.pub"),
-            node: node.map(|_| NodeCerts {
-                kubelet_client: pair(dir, "kubelet-client"),
+            node: node.map(|n| NodeCerts {
+                kubelets: (0..n.nodes.len())
+                    .map(|k| KubeletCerts {
+                        serving: pair(dir, &format!("kubelet-{k}")),
+                        client: pair(dir, &format!("kubelet-{k}-client")),
+                    })
+                    .collect(),
                 proxy_client: pair(dir, "kube-proxy-client"),
                 apiserver_kubelet_client: pair(dir, "apiserver-kubelet-client"),
             }),
@@ -177,32 +191,26 @@ impl Pki {
             Usage::Server(apiserver_names(&apiserver_ips)),
         )?;
         // The node agent serves on loopback; a real kubelet on the node's address.
-        let kubelet_names = match node {
-            Some(n) => vec![
-                SanType::IpAddress(IpAddr::V4(n.node_ip)),
-                SanType::DnsName(
-                    n.node_name
-                        .as_str()
-                        .try_into()
-                        .map_err(pki_error("name the node"))?,
-                ),
-            ],
-            None => apiserver_names(&[]),
-        };
+        // The node agent's kubelet endpoint, on loopback.
         issue(
             &ca,
             &pair(dir, "kubelet"),
             "localcluster-kubelet",
-            Usage::Server(kubelet_names),
+            Usage::Server(apiserver_names(&[])),
         )?;
         if let (Some(n), Some(certs)) = (node, &pki.node) {
-            let user = format!("system:node:{}", n.node_name);
-            issue(
-                &ca,
-                &certs.kubelet_client,
-                &user,
-                Usage::Client(Some("system:nodes")),
-            )?;
+            for ((name, ip), kubelet) in n.nodes.iter().zip(&certs.kubelets) {
+                let dns = name.as_str().try_into().map_err(pki_error("name a node"))?;
+                let names = vec![SanType::IpAddress(IpAddr::V4(*ip)), SanType::DnsName(dns)];
+                issue(&ca, &kubelet.serving, name, Usage::Server(names))?;
+                let user = format!("system:node:{name}");
+                issue(
+                    &ca,
+                    &kubelet.client,
+                    &user,
+                    Usage::Client(Some("system:nodes")),
+                )?;
+            }
             issue(
                 &ca,
                 &certs.proxy_client,

@@ -1,7 +1,7 @@
 //! The real node's acceptance (issue 30): a kubelet with containerd and runc that registers
 //! with the containerd runtime, runs an image built here and serves its logs through
 //! kube-apiserver, enforces memory limits (OOMKilled), and gives pods cluster DNS and Services
-//! through kube-proxy; nothing a pod sends leaves the machine. Needs root.
+//! through kube-proxy, across its two nodes; nothing a pod sends leaves the machine. Needs root.
 
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use kube::api::{Api, LogParams, PostParams};
@@ -15,6 +15,7 @@ async fn cluster() -> &'static LocalCluster {
     tokio::task::spawn_blocking(|| {
         localcluster::shared_with("real-node", || Options {
             node: NodeKind::Real,
+            nodes: 2,
             ..Options::named("real")
         })
     })
@@ -35,8 +36,12 @@ async fn namespace(client: &kube::Client, name: &str) -> String {
     ns
 }
 
-/// Creates a pod of busybox running `script`.
-async fn run_pod(pods: &Api<Pod>, name: &str, script: &str, extra: serde_json::Value) -> Pod {
+const NODES: [&str; 2] = ["real-node", "real-node-1"];
+
+/// Creates a pod of busybox running `script`; `extra` goes into the container, except
+/// `nodeName`, which goes into the pod.
+async fn run_pod(pods: &Api<Pod>, name: &str, script: &str, mut extra: serde_json::Value) -> Pod {
+    let node = extra.as_object_mut().and_then(|e| e.remove("nodeName"));
     let mut container = json!({
         "name": "main",
         "image": "busybox:1.36",
@@ -45,9 +50,13 @@ async fn run_pod(pods: &Api<Pod>, name: &str, script: &str, extra: serde_json::V
     if let (Some(c), Some(e)) = (container.as_object_mut(), extra.as_object()) {
         c.extend(e.clone());
     }
+    let mut spec = json!({"restartPolicy": "Never", "containers": [container]});
+    if let Some(node) = node {
+        spec["nodeName"] = node;
+    }
     let pod: Pod = serde_json::from_value(json!({
         "metadata": {"name": name, "labels": {"app": name}},
-        "spec": {"restartPolicy": "Never", "containers": [container]},
+        "spec": spec,
     }))
     .expect("pod");
     pods.create(&PostParams::default(), &pod)
@@ -147,36 +156,53 @@ async fn a_pod_over_its_memory_limit_is_oom_killed() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_service_name_resolves_and_routes_to_its_endpoints() {
+async fn a_service_name_resolves_and_routes_to_its_endpoints_on_every_node() {
     let cluster = cluster().await;
     let client = cluster.client().await.expect("client");
     let ns = namespace(&client, "svc").await;
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
     let serve = "mkdir -p /tmp/www && echo served-by-$(hostname) > /tmp/www/index.html && exec httpd -f -p 8080 -h /tmp/www";
-    let ready =
-        json!({"readinessProbe": {"httpGet": {"path": "/", "port": 8080}, "periodSeconds": 1}});
-    run_pod(&pods, "web", serve, ready).await;
+    for (i, node) in NODES.iter().enumerate() {
+        let ready = json!({
+            "readinessProbe": {"httpGet": {"path": "/", "port": 8080}, "periodSeconds": 1},
+            "nodeName": node,
+        });
+        run_pod(&pods, &format!("web-{i}"), serve, ready).await;
+    }
     let services: Api<k8s_openapi::api::core::v1::Service> = Api::namespaced(client, &ns);
-    services
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({
-                "metadata": {"name": "web"},
-                "spec": {"selector": {"app": "web"}, "ports": [{"port": 80, "targetPort": 8080}]},
-            }))
-            .expect("service"),
-        )
-        .await
-        .expect("create service");
-    // Retries while the endpoints and kube-proxy's rules catch up with the pod's readiness
-    // (no `-T`: Debian's static busybox wget crashes with it).
-    let fetch = format!(
-        "for i in $(seq 60); do wget -qO- http://web.{ns}.svc.cluster.local/ && exit 0; sleep 1; done; exit 1"
-    );
-    run_pod(&pods, "client", &fetch, json!({})).await;
-    let end = terminated(&pods, "client").await;
-    assert_eq!(end.exit_code, 0, "client: {}", logs(&pods, "client").await);
-    assert_eq!(logs(&pods, "client").await.trim(), "served-by-web");
+    for i in 0..NODES.len() {
+        let service = json!({
+            "metadata": {"name": format!("web-{i}")},
+            "spec": {"selector": {"app": format!("web-{i}")}, "ports": [{"port": 80, "targetPort": 8080}]},
+        });
+        services
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(service).expect("service"),
+            )
+            .await
+            .expect("create service");
+    }
+    // From each node to the server on each node, by name. Retries while the endpoints and
+    // kube-proxy's rules catch up with the pod's readiness (no `-T`: Debian's static busybox
+    // wget crashes with it).
+    let fetch = (0..NODES.len())
+        .map(|i| {
+            format!("until wget -qO- http://web-{i}.{ns}.svc.cluster.local/ 2>/dev/null; do sleep 1; done")
+        })
+        .collect::<Vec<_>>()
+        .join("; ");
+    for (i, node) in NODES.iter().enumerate() {
+        let name = format!("client-{i}");
+        run_pod(&pods, &name, &fetch, json!({"nodeName": node})).await;
+        let end = terminated(&pods, &name).await;
+        assert_eq!(end.exit_code, 0, "{name}: {}", logs(&pods, &name).await);
+        assert_eq!(
+            logs(&pods, &name).await.lines().collect::<Vec<_>>(),
+            ["served-by-web-0", "served-by-web-1"],
+            "{name} on {node}"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

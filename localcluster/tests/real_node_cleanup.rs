@@ -157,7 +157,11 @@ fn run_sleeper(kubeconfig_tool: impl Fn(&[&str]) -> String) {
 fn a_stopped_cluster_leaves_the_host_as_it_found_it() {
     let _one = HOST.lock().unwrap_or_else(|e| e.into_inner());
     let before = host_state();
-    let cluster = LocalCluster::start(real("tidy")).expect("start a real node");
+    let cluster = LocalCluster::start(Options {
+        nodes: 2,
+        ..real("tidy")
+    })
+    .expect("start two real nodes");
     run_sleeper(|args| kubectl(&cluster, args));
     let running = host_state();
     // The check sees what a node changes: otherwise it would pass on any clean-up.

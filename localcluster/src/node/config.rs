@@ -2,17 +2,17 @@
 //! kube-proxy's. Each component's state lives under the cluster's directory or the node's
 //! state directory, never in the host's defaults (`/var/lib/containerd`, `/etc/cni`, ...).
 
-use super::network::Subnets;
+use super::network::{NodeSlot, Subnets};
 use crate::pki::CertPair;
 use std::path::Path;
 
 /// Where a node's files are.
 pub struct NodePaths<'a> {
-    /// `<cluster dir>/node`: containerd's content store, the kubelet's root, pod logs.
+    /// `<cluster dir>/node-K`: containerd's content store, the kubelet's root, pod logs.
     pub dir: &'a Path,
-    /// `/run/localcluster/<N>`: sockets, containerd's state, the pods' network namespaces.
+    /// `/run/localcluster/<N>/node-K`: sockets, containerd's state, the pods' network
+    /// namespaces.
     pub state: &'a Path,
-    pub bin_dir: &'a Path,
 }
 
 impl NodePaths<'_> {
@@ -83,17 +83,17 @@ imports = []
 }
 
 /// The CNI network's name, which prefixes the results libcni caches in /var/lib/cni (a path
-/// containerd does not let us move).
-pub fn cni_network(subnets: &Subnets) -> String {
-    format!("localcluster-{}", subnets.netns())
+/// containerd does not let us move): `localcluster-ljN` or `localcluster-ljN-k`.
+pub fn cni_network(slot: &NodeSlot) -> String {
+    format!("localcluster-{}", slot.netns())
 }
 
 /// A bridge inside the node's namespace, addresses from the node's pod range, no masquerade
 /// (nothing is meant to leave).
-pub fn cni(paths: &NodePaths, subnets: &Subnets) -> String {
+pub fn cni(paths: &NodePaths, slot: &NodeSlot) -> String {
     serde_json::json!({
         "cniVersion": "1.0.0",
-        "name": cni_network(subnets),
+        "name": cni_network(slot),
         "plugins": [{
             "type": "bridge",
             "bridge": "cni0",
@@ -102,7 +102,7 @@ pub fn cni(paths: &NodePaths, subnets: &Subnets) -> String {
             "hairpinMode": true,
             "ipam": {
                 "type": "host-local",
-                "ranges": [[{"subnet": subnets.pod_cidr(), "gateway": subnets.pod_gateway().to_string()}]],
+                "ranges": [[{"subnet": slot.pod_cidr(), "gateway": slot.pod_gateway().to_string()}]],
                 "routes": [{"dst": "0.0.0.0/0"}],
                 "dataDir": paths.state.join("ipam").display().to_string(),
             },
@@ -124,6 +124,7 @@ pub fn kubeconfig(server: &str, ca: &Path, client: &CertPair) -> String {
 pub struct KubeletSettings<'a> {
     pub paths: &'a NodePaths<'a>,
     pub subnets: &'a Subnets,
+    pub slot: &'a NodeSlot,
     pub port: u16,
     pub ca: &'a Path,
     pub serving: &'a CertPair,
@@ -139,7 +140,7 @@ pub fn kubelet(s: &KubeletSettings) -> String {
     serde_json::json!({
         "apiVersion": "kubelet.config.k8s.io/v1beta1",
         "kind": "KubeletConfiguration",
-        "address": s.subnets.node_ip().to_string(),
+        "address": s.slot.node_ip().to_string(),
         "port": s.port,
         "readOnlyPort": 0,
         "healthzPort": 0,
@@ -152,7 +153,7 @@ pub fn kubelet(s: &KubeletSettings) -> String {
         },
         "authorization": {"mode": "AlwaysAllow"},
         "cgroupDriver": "cgroupfs",
-        "cgroupRoot": super::host::cgroup_name(s.subnets),
+        "cgroupRoot": super::host::cgroup_name(s.slot),
         "failCgroupV1": false,
         "failSwapOn": false,
         "oomScoreAdj": 0,
@@ -172,15 +173,20 @@ pub fn kubelet(s: &KubeletSettings) -> String {
 
 /// iptables mode inside the node's namespace; conntrack and localhost settings left alone,
 /// since they are not the node's to change.
-pub fn kube_proxy(kubeconfig: &Path, node_name: &str, subnets: &Subnets) -> String {
+pub fn kube_proxy(
+    kubeconfig: &Path,
+    node_name: &str,
+    subnets: &Subnets,
+    slot: &NodeSlot,
+) -> String {
     serde_json::json!({
         "apiVersion": "kubeproxy.config.k8s.io/v1alpha1",
         "kind": "KubeProxyConfiguration",
         "clientConnection": {"kubeconfig": kubeconfig.display().to_string()},
         "mode": "iptables",
-        "clusterCIDR": subnets.pod_cidr(),
+        "clusterCIDR": subnets.cluster_cidr(),
         "hostnameOverride": node_name,
-        "bindAddress": subnets.node_ip().to_string(),
+        "bindAddress": slot.node_ip().to_string(),
         "healthzBindAddress": "127.0.0.1:10256",
         "metricsBindAddress": "127.0.0.1:10249",
         "iptables": {"localhostNodePorts": false},

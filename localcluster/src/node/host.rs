@@ -13,7 +13,7 @@
 //! `/run/localcluster/<N>/` records who owns node N, so a node whose owner was killed is
 //! cleaned up by the next one that starts.
 
-use super::network::{remove_network, Subnets};
+use super::network::{namespaces, remove_network, NodeSlot, Subnets};
 use crate::Error;
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
@@ -55,9 +55,9 @@ pub fn state_dir(subnets: &Subnets) -> PathBuf {
     Path::new(STATE_ROOT).join(subnets.index.to_string())
 }
 
-/// The cgroup (relative to each hierarchy) under which the node's pods run.
-pub fn cgroup_name(subnets: &Subnets) -> String {
-    format!("/{}", subnets.netns())
+/// The cgroup (relative to each hierarchy) under which a node's pods run: `/ljN/nodeK`.
+pub fn cgroup_name(slot: &NodeSlot) -> String {
+    format!("/lj{}/node{}", slot.index, slot.k)
 }
 
 fn io(what: &'static str) -> impl FnOnce(std::io::Error) -> Error {
@@ -138,7 +138,8 @@ fn remove_fixed_path_entries(subnets: &Subnets, cluster_dir: Option<&Path>) {
         }
     }
     let results = Path::new("/var/lib/cni/results");
-    let prefix = format!("{}-", super::config::cni_network(subnets));
+    // `localcluster-ljN-<id>-eth0` and `localcluster-ljN-<k>-<id>-eth0`.
+    let prefix = format!("localcluster-{}-", subnets.netns());
     let Ok(entries) = std::fs::read_dir(results) else {
         return;
     };
@@ -148,7 +149,11 @@ fn remove_fixed_path_entries(subnets: &Subnets, cluster_dir: Option<&Path>) {
             continue;
         };
         let _ = std::fs::remove_file(entry.path());
-        if let Some(container) = rest.strip_suffix("-eth0") {
+        // A container id is 64 hex digits.
+        let container = rest
+            .strip_suffix("-eth0")
+            .map(|r| &r[r.len().saturating_sub(64)..]);
+        if let Some(container) = container {
             let _ = std::fs::remove_file(results.join(format!("cni-loopback-{container}-lo")));
         }
     }
@@ -187,16 +192,21 @@ pub fn reclaim_stale() {
     }
 }
 
-/// Creates the node's cgroup in every hierarchy (the kubelet requires its cgroup root to
+/// Creates each node's cgroup in every hierarchy (the kubelet requires its cgroup root to
 /// exist). cpuset needs its CPUs and memory nodes before anything can join it.
-pub fn create_cgroups(subnets: &Subnets) -> Result<(), Error> {
+pub fn create_cgroups(subnets: &Subnets, nodes: u8) -> Result<(), Error> {
     for hierarchy in hierarchies() {
-        let dir = hierarchy.join(subnets.netns());
-        std::fs::create_dir_all(&dir).map_err(io("create the node's cgroup"))?;
-        for file in ["cpuset.cpus", "cpuset.mems"] {
-            if let Ok(value) = std::fs::read_to_string(hierarchy.join(file)) {
-                std::fs::write(dir.join(file), value.trim())
-                    .map_err(io("set up the cpuset cgroup"))?;
+        let cluster = hierarchy.join(subnets.netns());
+        let node_dirs = (0..nodes)
+            .map(|k| hierarchy.join(cgroup_name(&subnets.node(k)).trim_start_matches('/')));
+        for dir in std::iter::once(cluster).chain(node_dirs) {
+            std::fs::create_dir_all(&dir).map_err(io("create a node's cgroup"))?;
+            let parent = dir.parent().unwrap_or(&hierarchy).to_path_buf();
+            for file in ["cpuset.cpus", "cpuset.mems"] {
+                if let Ok(value) = std::fs::read_to_string(parent.join(file)) {
+                    std::fs::write(dir.join(file), value.trim())
+                        .map_err(io("set up the cpuset cgroup"))?;
+                }
             }
         }
     }
@@ -273,14 +283,19 @@ fn kill_cgroup_processes(subnets: &Subnets) {
     });
 }
 
-/// Whatever runs in the node's network namespace: containerd's shims above all, which leave
+/// Whatever runs in the nodes' network namespaces: containerd's shims above all, which leave
 /// their parent by design (so containers survive a containerd restart) and would keep the
 /// namespace, and with it the host's end of its link, alive.
 fn kill_namespace_processes(subnets: &Subnets) {
     use std::os::unix::fs::MetadataExt;
-    let Ok(node) = std::fs::metadata(Path::new("/run/netns").join(subnets.netns())) else {
+    let inodes: Vec<(u64, u64)> = namespaces(subnets)
+        .iter()
+        .filter_map(|ns| std::fs::metadata(Path::new("/run/netns").join(ns)).ok())
+        .map(|m| (m.dev(), m.ino()))
+        .collect();
+    if inodes.is_empty() {
         return;
-    };
+    }
     let inside = || -> Vec<i32> {
         let Ok(entries) = std::fs::read_dir("/proc") else {
             return Vec::new();
@@ -290,7 +305,7 @@ fn kill_namespace_processes(subnets: &Subnets) {
             .filter_map(|e| e.file_name().to_str().and_then(|n| n.parse::<i32>().ok()))
             .filter(|pid| {
                 std::fs::metadata(format!("/proc/{pid}/ns/net"))
-                    .is_ok_and(|ns| ns.dev() == node.dev() && ns.ino() == node.ino())
+                    .is_ok_and(|ns| inodes.contains(&(ns.dev(), ns.ino())))
             })
             .collect()
     };

@@ -130,32 +130,35 @@ fn with_libraries(program: &Path) -> Result<Vec<(PathBuf, String)>, Error> {
     Ok(files)
 }
 
-/// Writes each image as a docker archive into `work` and imports it into containerd at
-/// `socket`; `work` is removed afterwards.
-pub fn build_and_import(
-    specs: &[ImageSpec],
-    work: &Path,
-    bin_dir: &Path,
-    socket: &str,
-) -> Result<(), Error> {
+/// Writes each image as a docker archive into `work`.
+pub fn write_archives(specs: &[ImageSpec], work: &Path) -> Result<Vec<(String, PathBuf)>, Error> {
     std::fs::create_dir_all(work).map_err(|e| Error::io("create the image build directory", e))?;
-    for (i, spec) in specs.iter().enumerate() {
-        let archive = work.join(format!("image-{i}.tar"));
-        write_archive(spec, &archive)?;
+    specs
+        .iter()
+        .enumerate()
+        .map(|(i, spec)| {
+            let archive = work.join(format!("image-{i}.tar"));
+            write_archive(spec, &archive).map(|()| (spec.name.clone(), archive))
+        })
+        .collect()
+}
+
+/// Imports the archives into containerd at `socket`.
+pub fn import(archives: &[(String, PathBuf)], bin_dir: &Path, socket: &str) -> Result<(), Error> {
+    for (name, archive) in archives {
         let output = Command::new(bin_dir.join("ctr"))
             .args(["--address", socket, "-n", "k8s.io", "images", "import"])
-            .arg(&archive)
+            .arg(archive)
             .output()
             .map_err(|e| Error::io("run ctr images import", e))?;
         if !output.status.success() {
             return Err(Error::Host(format!(
-                "ctr images import {}: {}",
-                spec.name,
+                "ctr images import {name}: {}",
                 String::from_utf8_lossy(&output.stderr).trim()
             )));
         }
     }
-    std::fs::remove_dir_all(work).map_err(|e| Error::io("remove the image build directory", e))
+    Ok(())
 }
 
 fn sha256_hex(bytes: &[u8]) -> String {

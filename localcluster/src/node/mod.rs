@@ -1,43 +1,43 @@
-//! A real node: containerd with runc, the kubelet and kube-proxy, in a network namespace of
-//! the node's own (`network.rs`), with images made here (`images.rs`), CoreDNS (`dns.rs`)
-//! and local volumes behind a default StorageClass (`storage.rs`). Needs root. What it changes on the host and how that is put back:
-//! `host.rs`.
+//! Real nodes: on each, containerd with runc, the kubelet and kube-proxy (`machine.rs`), in a
+//! network namespace of the node's own (`network.rs`); images made here (`images.rs`), CoreDNS
+//! (`dns.rs`) and local volumes behind a default StorageClass (`storage.rs`). Needs root.
+//! What they change on the host and how that is put back: `host.rs`.
 //!
-//! Two phases, because the API server must listen on the node's link: [`NodeNetwork::create`]
-//! (through [`prepare`]) before the control plane starts, [`RealNode::start`] after it is
-//! ready. Dropping the `RealNode` stops its processes and removes what it made.
+//! Two phases, because the API server must listen on the nodes' link: [`prepare`] (the
+//! network) before the control plane starts, [`RealNodes::start`] after it is ready. Dropping
+//! the `RealNodes` stops their processes and removes what they made.
 
 mod config;
 mod dns;
 mod host;
 mod images;
+mod machine;
 mod network;
 mod storage;
 
 pub use images::{BUSYBOX_IMAGE, REDIS_IMAGE};
-pub use network::{NodeNetwork, Subnets};
+pub use network::{NodeNetwork, Subnets, MAX_NODES};
 
-use crate::pki::{CertPair, NodeIdentity, Pki};
-use crate::process::Daemon;
+use crate::pki::{NodeIdentity, Pki};
 use crate::Error;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;
-use std::fs::File;
-use std::os::fd::AsRawFd;
-use std::os::unix::process::CommandExt;
+use machine::Machine;
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// The network and host state a node needs before the control plane starts.
-pub struct PreparedNode {
+/// The network and host state the nodes need before the control plane starts.
+pub struct PreparedNodes {
     network: NodeNetwork,
     cluster_dir: PathBuf,
 }
 
-/// Claims a node index and creates its network; cleans up nodes whose owner died first.
-pub fn prepare(cluster_dir: &Path) -> Result<PreparedNode, Error> {
+/// Claims a cluster index and creates the network of `nodes` nodes; first cleans up after
+/// clusters whose owner died.
+pub fn prepare(cluster_dir: &Path, nodes: u8) -> Result<PreparedNodes, Error> {
     if !nix::unistd::geteuid().is_root() {
         return Err(Error::Host(
             "a real node needs root (network namespaces, cgroups, mounts); run as root or use the node agent".into(),
@@ -45,8 +45,8 @@ pub fn prepare(cluster_dir: &Path) -> Result<PreparedNode, Error> {
     }
     host::reclaim_stale();
     host::save_host_state()?;
-    let network = NodeNetwork::create()?;
-    let prepared = PreparedNode {
+    let network = NodeNetwork::create(nodes)?;
+    let prepared = PreparedNodes {
         network,
         cluster_dir: cluster_dir.to_path_buf(),
     };
@@ -55,49 +55,62 @@ pub fn prepare(cluster_dir: &Path) -> Result<PreparedNode, Error> {
     Ok(prepared)
 }
 
-impl PreparedNode {
+impl PreparedNodes {
     pub fn subnets(&self) -> Subnets {
         self.network.subnets
     }
 
-    pub fn identity(&self, node_name: &str) -> NodeIdentity {
+    /// `CLUSTER-node` for the first node, `CLUSTER-node-K` for the others.
+    pub fn node_names(&self, cluster: &str) -> Vec<String> {
+        (0..self.network.nodes)
+            .map(|k| match k {
+                0 => format!("{cluster}-node"),
+                k => format!("{cluster}-node-{k}"),
+            })
+            .collect()
+    }
+
+    pub fn identity(&self, cluster: &str) -> NodeIdentity {
         let s = self.network.subnets;
         NodeIdentity {
-            node_name: node_name.to_string(),
-            node_ip: s.node_ip(),
+            nodes: self
+                .node_names(cluster)
+                .into_iter()
+                .zip(0..)
+                .map(|(name, k)| (name, s.node(k).node_ip()))
+                .collect(),
             apiserver_ips: vec![s.host_ip(), s.apiserver_service_ip()],
         }
     }
 }
 
-impl Drop for PreparedNode {
+impl Drop for PreparedNodes {
     fn drop(&mut self) {
         host::release(&self.network.subnets, Some(&self.cluster_dir));
     }
 }
 
-/// What `RealNode::start` needs from the control plane.
+/// What `RealNodes::start` needs from the control plane.
 pub struct NodeStart<'a> {
-    pub node_name: &'a str,
+    pub cluster_name: &'a str,
     pub bin_dir: &'a Path,
     pub pki: &'a Pki,
     /// `https://HOST_IP:PORT`.
     pub server: &'a str,
-    /// The admin kubeconfig, for applying CoreDNS.
+    /// The admin kubeconfig, for applying CoreDNS and the volumes.
     pub admin_kubeconfig: &'a Path,
     /// Image reference -> the program an image is made of (`Options::images`).
-    pub images: &'a std::collections::BTreeMap<String, PathBuf>,
+    pub images: &'a BTreeMap<String, PathBuf>,
     pub client: kube::Client,
     pub timeout: Duration,
 }
 
-/// A running node. Dropping it stops the kubelet, kube-proxy, containerd and every container,
+/// Running nodes. Dropping them stops every kubelet, kube-proxy, containerd and container,
 /// unmounts, and removes the network.
-pub struct RealNode {
-    daemons: Vec<Daemon>,
-    containerd_socket: String,
+pub struct RealNodes {
+    machines: Vec<Machine>,
     // Last: dropped after the processes are stopped.
-    prepared: PreparedNode,
+    prepared: PreparedNodes,
 }
 
 /// The CoreDNS image's name (built here from the binary of `scripts/k8s-bins.sh`).
@@ -120,123 +133,94 @@ fn with_tag(reference: &str) -> String {
     }
 }
 
-const NODE_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
-
-impl RealNode {
-    pub async fn start(prepared: PreparedNode, s: NodeStart<'_>) -> Result<Self, Error> {
+impl RealNodes {
+    pub async fn start(prepared: PreparedNodes, s: NodeStart<'_>) -> Result<Self, Error> {
         let subnets = prepared.subnets();
-        let node_dir = prepared.cluster_dir.join("node");
-        let state = host::state_dir(&subnets);
-        let paths = config::NodePaths {
-            dir: &node_dir,
-            state: &state,
-            bin_dir: s.bin_dir,
-        };
+        let names = prepared.node_names(s.cluster_name);
         let certs = s
             .pki
             .node
             .as_ref()
             .ok_or_else(|| Error::Host("the cluster's PKI has no node certificates".into()))?;
-        host::create_cgroups(&subnets)?;
-        write_files(&paths, &subnets, s.server, s.pki, certs, s.node_name)?;
-
-        let netns = prepared.network.netns_file()?;
-        let mut node = Self {
-            daemons: Vec::new(),
-            containerd_socket: paths.containerd_socket(),
-            prepared,
+        host::create_cgroups(&subnets, prepared.network.nodes)?;
+        let state_root = host::state_dir(&subnets);
+        let shared = machine::Shared {
+            subnets: &subnets,
+            server: s.server,
+            pki: s.pki,
+            bin_dir: s.bin_dir,
+            cluster_dir: &prepared.cluster_dir,
+            state_root: &state_root,
         };
-        let containerd_args = vec![format!(
-            "--config={}",
-            node_dir.join("containerd.toml").display()
-        )];
-        node.spawn(&paths, &netns, "containerd", &containerd_args)?;
-        node.wait_for_containerd(s.bin_dir, s.timeout).await?;
-        let coredns = coredns_image(s.bin_dir);
-        let mut specs = images::node_images(s.bin_dir, &coredns)?;
-        for (reference, program) in s.images {
-            specs.push(images::program_image(&with_tag(reference), program)?);
+        let machines = names
+            .iter()
+            .zip(&certs.kubelets)
+            .zip(0..)
+            .map(|((name, kubelet), k)| Machine::new(&prepared.network, k, name, kubelet, &shared))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut nodes = Self { machines, prepared };
+
+        for machine in &mut nodes.machines {
+            machine.start_containerd()?;
         }
-        images::build_and_import(
-            &specs,
-            &node_dir.join("images"),
-            s.bin_dir,
-            &node.containerd_socket,
-        )?;
-
-        let kubelet_args = vec![
-            format!("--config={}", node_dir.join("kubelet.json").display()),
-            format!(
-                "--kubeconfig={}",
-                node_dir.join("kubelet.kubeconfig").display()
-            ),
-            format!("--root-dir={}", node_dir.join("kubelet").display()),
-            format!("--hostname-override={}", s.node_name),
-            format!("--node-ip={}", subnets.node_ip()),
-            "--v=1".into(),
-        ];
-        node.spawn(&paths, &netns, "kubelet", &kubelet_args)?;
-        node.wait_until(s.timeout, "kubelet", || node_ready(&s.client, s.node_name))
+        nodes
+            .wait_until(s.timeout, "containerd", |m| {
+                let answers = m.iter().all(Machine::containerd_answers);
+                async move { Ok(answers) }
+            })
             .await?;
-        let proxy_args = vec![
-            format!("--config={}", node_dir.join("kube-proxy.json").display()),
-            "--v=1".into(),
-        ];
-        node.spawn(&paths, &netns, "kube-proxy", &proxy_args)?;
+        nodes.import_images(&s)?;
 
+        for machine in &mut nodes.machines {
+            machine.start_kubelet()?;
+        }
+        let client = s.client.clone();
+        nodes
+            .wait_until(s.timeout, "kubelet", |_| {
+                all_ready(client.clone(), names.clone())
+            })
+            .await?;
+        for machine in &mut nodes.machines {
+            machine.start_kube_proxy()?;
+        }
+
+        let coredns = coredns_image(s.bin_dir);
         apply(
             s.bin_dir,
             s.admin_kubeconfig,
             &dns::manifest(&subnets, &coredns),
         )?;
-        let volumes = storage::manifest(&node_dir, s.node_name)?;
-        apply(s.bin_dir, s.admin_kubeconfig, &volumes)?;
-        node.wait_until(s.timeout, "coredns", || {
-            deployment_ready(&s.client, "kube-system", "coredns")
-        })
-        .await?;
-        Ok(node)
+        let volumes: Vec<(&str, PathBuf)> = nodes
+            .machines
+            .iter()
+            .map(|m| (m.name.as_str(), m.dir.clone()))
+            .collect();
+        apply(s.bin_dir, s.admin_kubeconfig, &storage::manifest(&volumes)?)?;
+        let client = s.client.clone();
+        nodes
+            .wait_until(s.timeout, "coredns", |_| {
+                deployment_ready(client.clone(), "kube-system", "coredns")
+            })
+            .await?;
+        Ok(nodes)
+    }
+
+    /// Every node gets the same images: written once, imported into each containerd.
+    fn import_images(&self, s: &NodeStart) -> Result<(), Error> {
+        let mut specs = images::node_images(s.bin_dir, &coredns_image(s.bin_dir))?;
+        for (reference, program) in s.images {
+            specs.push(images::program_image(&with_tag(reference), program)?);
+        }
+        let work = self.prepared.cluster_dir.join("images");
+        let archives = images::write_archives(&specs, &work)?;
+        for machine in &self.machines {
+            images::import(&archives, s.bin_dir, &machine.containerd_socket())?;
+        }
+        std::fs::remove_dir_all(&work).map_err(|e| Error::io("remove the image archives", e))
     }
 
     pub fn subnets(&self) -> Subnets {
         self.prepared.subnets()
-    }
-
-    fn spawn(
-        &mut self,
-        paths: &config::NodePaths,
-        netns: &File,
-        name: &'static str,
-        args: &[String],
-    ) -> Result<(), Error> {
-        let mut command = Command::new(paths.bin_dir.join(name));
-        command
-            .args(args)
-            .env("PATH", format!("{}:{NODE_PATH}", paths.bin_dir.display()));
-        enter_netns(&mut command, netns);
-        let log = self.prepared.cluster_dir.join(format!("{name}.log"));
-        self.daemons
-            .push(Daemon::spawn_command(command, log)?.named(name));
-        Ok(())
-    }
-
-    async fn wait_for_containerd(
-        &mut self,
-        bin_dir: &Path,
-        timeout: Duration,
-    ) -> Result<(), Error> {
-        let ctr = bin_dir.join("ctr");
-        let socket = self.containerd_socket.clone();
-        self.wait_until(timeout, "containerd", || {
-            let ok = Command::new(&ctr)
-                .args(["--address", &socket, "version"])
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status()
-                .is_ok_and(|s| s.success());
-            async move { Ok(ok) }
-        })
-        .await
     }
 
     /// Polls `ready` until it says yes; fails at once, with its log, if a node process exited.
@@ -247,17 +231,17 @@ impl RealNode {
         mut ready: F,
     ) -> Result<(), Error>
     where
-        F: FnMut() -> Fut,
+        F: FnMut(&[Machine]) -> Fut,
         Fut: std::future::Future<Output = Result<bool, Error>>,
     {
         let deadline = Instant::now() + timeout;
         loop {
-            if ready().await? {
+            if ready(&self.machines).await? {
                 return Ok(());
             }
             self.check_alive()?;
             if Instant::now() >= deadline {
-                let last = self.daemons.last();
+                let last = self.machines.first().and_then(|m| m.daemons.last());
                 return Err(Error::NotReady {
                     process: what,
                     seconds: timeout.as_secs(),
@@ -271,98 +255,16 @@ impl RealNode {
 
     /// Fails with the log of a node process that exited (none of them should).
     pub fn check_alive(&mut self) -> Result<(), Error> {
-        for daemon in &mut self.daemons {
-            if let Some(status) = daemon.exited() {
-                return Err(daemon.exited_error(status));
-            }
-        }
-        Ok(())
-    }
-
-    fn stop(&mut self) {
-        // The kubelet first, so it restarts nothing; containerd last.
-        for mut daemon in self.daemons.drain(..).rev() {
-            daemon.stop(Duration::from_secs(5));
-        }
-        // The shims and containers go with the rest of the node, when `prepared` drops.
+        self.machines.iter_mut().try_for_each(Machine::check_alive)
     }
 }
 
-impl Drop for RealNode {
+impl Drop for RealNodes {
     fn drop(&mut self) {
-        self.stop();
+        for machine in &mut self.machines {
+            machine.stop();
+        }
     }
-}
-
-/// The node's processes run in its network namespace (and only that: they share the host's
-/// mounts, so the kubelet's volume mounts are what containerd binds into containers).
-fn enter_netns(command: &mut Command, netns: &File) {
-    let fd = netns.as_raw_fd();
-    // SAFETY: setns is async-signal-safe; `fd` stays open until the command has spawned.
-    unsafe {
-        command.pre_exec(move || {
-            if libc::setns(fd, libc::CLONE_NEWNET) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-}
-
-fn write_files(
-    paths: &config::NodePaths,
-    subnets: &Subnets,
-    server: &str,
-    pki: &Pki,
-    certs: &crate::pki::NodeCerts,
-    node_name: &str,
-) -> Result<(), Error> {
-    let dir = paths.dir;
-    for sub in ["cni", "kubelet", "pod-logs"] {
-        std::fs::create_dir_all(dir.join(sub))
-            .map_err(|e| Error::io("create the node's directories", e))?;
-    }
-    std::fs::create_dir_all(paths.state)
-        .map_err(|e| Error::io("create the node's state directory", e))?;
-    let serving = CertPair {
-        cert: pki.kubelet_cert.clone(),
-        key: pki.kubelet_key.clone(),
-    };
-    let kubelet = config::KubeletSettings {
-        paths,
-        subnets,
-        port: crate::free_port().map_err(|e| Error::io("find a free port", e))?,
-        ca: &pki.ca_cert,
-        serving: &serving,
-    };
-    let proxy_kubeconfig = dir.join("kube-proxy.kubeconfig");
-    let files = [
-        ("containerd.toml", config::containerd(paths)),
-        ("cni/10-localcluster.conflist", config::cni(paths, subnets)),
-        ("kubelet.json", config::kubelet(&kubelet)),
-        (
-            "kubelet.kubeconfig",
-            config::kubeconfig(server, &pki.ca_cert, &certs.kubelet_client),
-        ),
-        (
-            "kube-proxy.kubeconfig",
-            config::kubeconfig(server, &pki.ca_cert, &certs.proxy_client),
-        ),
-        (
-            "kube-proxy.json",
-            config::kube_proxy(&proxy_kubeconfig, node_name, subnets),
-        ),
-        // No upstream resolver: pods with dnsPolicy Default resolve nothing off the machine.
-        (
-            "resolv.conf",
-            "# localcluster: no upstream resolver\n".to_string(),
-        ),
-    ];
-    for (name, text) in files {
-        std::fs::write(dir.join(name), text)
-            .map_err(|e| Error::io("write the node's configuration", e))?;
-    }
-    Ok(())
 }
 
 fn apply(bin_dir: &Path, kubeconfig: &Path, manifest: &str) -> Result<(), Error> {
@@ -393,25 +295,31 @@ fn apply(bin_dir: &Path, kubeconfig: &Path, manifest: &str) -> Result<(), Error>
     )))
 }
 
-async fn node_ready(client: &kube::Client, name: &str) -> Result<bool, Error> {
-    let nodes: Api<Node> = Api::all(client.clone());
-    let Ok(Some(node)) = nodes.get_opt(name).await else {
-        return Ok(false);
-    };
-    Ok(node
-        .status
-        .and_then(|s| s.conditions)
-        .unwrap_or_default()
-        .iter()
-        .any(|c| c.type_ == "Ready" && c.status == "True"))
+async fn all_ready(client: kube::Client, names: Vec<String>) -> Result<bool, Error> {
+    let nodes: Api<Node> = Api::all(client);
+    for name in names {
+        let Ok(Some(node)) = nodes.get_opt(&name).await else {
+            return Ok(false);
+        };
+        let ready = node
+            .status
+            .and_then(|s| s.conditions)
+            .unwrap_or_default()
+            .iter()
+            .any(|c| c.type_ == "Ready" && c.status == "True");
+        if !ready {
+            return Ok(false);
+        }
+    }
+    Ok(true)
 }
 
 async fn deployment_ready(
-    client: &kube::Client,
+    client: kube::Client,
     namespace: &str,
     name: &str,
 ) -> Result<bool, Error> {
-    let deployments: Api<Deployment> = Api::namespaced(client.clone(), namespace);
+    let deployments: Api<Deployment> = Api::namespaced(client, namespace);
     let Ok(Some(deployment)) = deployments.get_opt(name).await else {
         return Ok(false);
     };
