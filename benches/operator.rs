@@ -10,6 +10,9 @@
 //! for LockedJobs Redis requests per run (the replicas' `lockedjob_redis_requests_total`) and
 //! lock attempts per run by outcome (`lockedjob_lock_acquisitions_total`: won, lost, failed).
 //!
+//! `BENCH_NODE=real` runs the Jobs' pods on real nodes instead (`BENCH_REAL_NODES`, default 3:
+//! kubelet, containerd and runc; root only) and adds the kubelets' pod start latency.
+//!
 //! `cargo bench --bench operator`: N = 200 and 1,000 (`BENCH_N=200,1000`), one warm-up minute,
 //! then 3 measured minutes (`BENCH_MINUTES`). `BENCH_LOG_DIR=dir` keeps each replica's
 //! warnings. Under `cargo test` it runs a smoke pass (N = 5, one minute) that fails on a missed or
@@ -23,7 +26,7 @@ use jiff::Timestamp;
 use k8s_openapi::api::batch::v1::{CronJob, Job};
 use kube::api::{Api, PostParams};
 use kube::runtime::{watcher, WatchStreamExt};
-use localcluster::{LocalCluster, Options};
+use localcluster::{LocalCluster, NodeKind, Options};
 use lockedjob::api::{LockedJob, ANNOTATION_SCHEDULED_TIME};
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -92,7 +95,7 @@ fn job_template() -> Value {
     json!({"spec": {"backoffLimit": 0, "template": {"spec": {
         "restartPolicy": "Never", "terminationGracePeriodSeconds": 1,
         "automountServiceAccountToken": false,
-        "containers": [{"name": "main", "image": "busybox", "command": ["sleep", "3"]}]}}}})
+        "containers": [{"name": "main", "image": "busybox:1.36", "command": ["sleep", "3"]}]}}}})
 }
 
 /// The spec both sides share: the same schedule, policy, history and pods.
@@ -230,7 +233,7 @@ fn client_of(user_agent: &str) -> &'static str {
     } else if user_agent.starts_with("kube-controller-manager/") {
         "kcm, other controllers"
     } else {
-        "other (node agent, bench)"
+        "other (node agent or kubelets, bench)"
     }
 }
 
@@ -353,9 +356,17 @@ fn snapshot(replicas: &[Replica], kcm: Option<u32>) -> Snapshot {
 async fn bench(n: usize, minutes: i64, warm_up: bool) {
     let nodes =
         RedisNodes::start(NODES, Persistence::AppendFsyncAlways).expect("start redis-server");
-    let cluster = tokio::task::spawn_blocking(|| {
+    let real = std::env::var("BENCH_NODE").is_ok_and(|v| v == "real");
+    let real_nodes = env_or("BENCH_REAL_NODES", 3).clamp(1, 16) as u8;
+    let cluster = tokio::task::spawn_blocking(move || {
         LocalCluster::start(Options {
             audit_log: true,
+            node: if real {
+                NodeKind::Real
+            } else {
+                NodeKind::Agent
+            },
+            nodes: real_nodes,
             ..Options::named("bench")
         })
     })
@@ -575,6 +586,9 @@ async fn bench(n: usize, minutes: i64, warm_up: bool) {
         by_outcome.join(", ")
     );
 
+    if real {
+        pod_start_latency(&client).await;
+    }
     assert!(locked.runs > 0, "no LockedJob run was seen in the window");
     // Never two Jobs for one time; a missed run is a failure in the smoke pass, where the
     // machine is not overloaded, and a figure of the table in the full bench.
@@ -586,6 +600,48 @@ async fn bench(n: usize, minutes: i64, warm_up: bool) {
     tokio::task::spawn_blocking(move || drop(cluster))
         .await
         .expect("stop the cluster");
+}
+
+/// The kubelets' own pod start latency (`kubelet_pod_start_sli_duration_seconds`: created to
+/// running, image pulls excluded), summed over the nodes, read through the API server.
+async fn pod_start_latency(client: &kube::Client) {
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
+    let mut buckets: BTreeMap<String, f64> = BTreeMap::new();
+    for node in nodes.list(&Default::default()).await.expect("nodes").items {
+        let name = node.metadata.name.unwrap_or_default();
+        let request = http::Request::get(format!("/api/v1/nodes/{name}/proxy/metrics"))
+            .body(Vec::new())
+            .expect("request");
+        let text = client.request_text(request).await.unwrap_or_default();
+        for line in text.lines() {
+            let Some(rest) =
+                line.strip_prefix("kubelet_pod_start_sli_duration_seconds_bucket{le=\"")
+            else {
+                continue;
+            };
+            if let Some((le, count)) = rest.split_once("\"} ") {
+                *buckets.entry(le.to_string()).or_default() +=
+                    count.trim().parse::<f64>().unwrap_or(0.0);
+            }
+        }
+    }
+    let mut sorted: Vec<(f64, f64)> = buckets
+        .iter()
+        .map(|(le, n)| (le.parse().unwrap_or(f64::INFINITY), *n))
+        .collect();
+    sorted.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let total = sorted.last().map_or(0.0, |b| b.1);
+    let at = |q: f64| {
+        sorted
+            .iter()
+            .find(|b| b.1 >= q * total)
+            .map_or(f64::NAN, |b| b.0)
+    };
+    println!(
+        "Pod start latency (kubelets' SLI histogram, bucket upper bounds): p50 ≤ {} s, p99 ≤ {} s, {total} pods",
+        at(0.5),
+        at(0.99)
+    );
 }
 
 fn main() {

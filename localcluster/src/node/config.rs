@@ -166,6 +166,8 @@ pub fn kubelet(s: &KubeletSettings) -> String {
         "imageGCLowThresholdPercent": 99,
         "evictionHard": {"memory.available": "100Mi", "nodefs.available": "1%", "imagefs.available": "1%"},
         "serializeImagePulls": false,
+        // Benchmarks start a few hundred short Jobs a minute on a node (the pod range has 253).
+        "maxPods": 250,
         "registerNode": true,
     })
     .to_string()
