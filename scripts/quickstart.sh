@@ -2,7 +2,7 @@
 # Quickstart, the README's first command.
 #   scripts/quickstart.sh         the operator doing its job: two local Kubernetes clusters
 #                                 (real control planes built from Go modules; the first run
-#                                 builds them, ~11 minutes, with progress lines) sharing 5 local
+#                                 builds them, ~14 minutes, with progress lines) sharing 5 local
 #                                 Redis nodes, `helm install` of 3 replicas in each, one LockedJob
 #                                 every 5 s in both; midway the holder's pod is deleted and one
 #                                 Redis node killed; prints every run, `kubectl get lj` of both
