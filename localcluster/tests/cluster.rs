@@ -3,6 +3,9 @@
 //! output is read through kube-apiserver's `pods/log`; deletion with a grace period; an
 //! environment resolved from a Secret, a ConfigMap and the pod's fields; restarts.
 
+mod common;
+
+use common::namespace;
 use futures::TryStreamExt;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Pod, Secret};
@@ -36,18 +39,6 @@ async fn cluster() -> &'static LocalCluster {
         .await
         .expect("join")
         .expect("start the local cluster")
-}
-
-async fn namespace(client: &kube::Client, name: &str) -> String {
-    let ns = format!("{name}-{}", std::process::id());
-    Api::<Namespace>::all(client.clone())
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({"metadata": {"name": ns}})).expect("namespace"),
-        )
-        .await
-        .expect("create namespace");
-    ns
 }
 
 fn kubectl(cluster: &LocalCluster, args: &[&str]) -> String {

@@ -3,7 +3,10 @@
 //! kube-apiserver, enforces memory limits (OOMKilled), and gives pods cluster DNS and Services
 //! through kube-proxy, across its two nodes; nothing a pod sends leaves the machine. Needs root.
 
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+mod common;
+
+use common::namespace;
+use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, LogParams, PostParams};
 use localcluster::{LocalCluster, NodeKind, Options};
 use serde_json::json;
@@ -22,18 +25,6 @@ async fn cluster() -> &'static LocalCluster {
     .await
     .expect("join")
     .expect("start a cluster with a real node")
-}
-
-async fn namespace(client: &kube::Client, name: &str) -> String {
-    let ns = format!("{name}-{}", std::process::id());
-    Api::<Namespace>::all(client.clone())
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({"metadata": {"name": ns}})).expect("namespace"),
-        )
-        .await
-        .expect("create namespace");
-    ns
 }
 
 const NODES: [&str; 2] = ["real-node", "real-node-1"];

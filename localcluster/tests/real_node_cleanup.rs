@@ -4,6 +4,7 @@
 
 use localcluster::{LocalCluster, NodeKind, Options};
 use std::io::BufRead;
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -120,23 +121,24 @@ fn real(name: &str) -> Options {
     }
 }
 
-fn kubectl(cluster: &LocalCluster, args: &[&str]) -> String {
-    let out = cluster
-        .tool("kubectl")
-        .args(args)
-        .output()
-        .expect("kubectl");
-    assert!(
-        out.status.success(),
-        "kubectl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-/// A pod that keeps running (so the node has containers, mounts and a pod network to undo).
-fn run_sleeper(kubeconfig_tool: impl Fn(&[&str]) -> String) {
-    kubeconfig_tool(&[
+/// A pod that keeps running (so the node has containers, mounts and a pod network to undo),
+/// made with the built kubectl on the cluster of `kubeconfig`.
+fn run_sleeper(kubeconfig: &Path) {
+    let kubectl = |args: &[&str]| {
+        let bin = localcluster::Binaries::locate().expect("binaries");
+        let out = Command::new(bin.path("kubectl"))
+            .arg("--kubeconfig")
+            .arg(kubeconfig)
+            .args(args)
+            .output()
+            .expect("kubectl");
+        assert!(
+            out.status.success(),
+            "kubectl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    kubectl(&[
         "run",
         "sleeper",
         "--image=busybox:1.36",
@@ -145,7 +147,7 @@ fn run_sleeper(kubeconfig_tool: impl Fn(&[&str]) -> String) {
         "sleep",
         "3600",
     ]);
-    kubeconfig_tool(&[
+    kubectl(&[
         "wait",
         "--for=condition=Ready",
         "pod/sleeper",
@@ -162,7 +164,7 @@ fn a_stopped_cluster_leaves_the_host_as_it_found_it() {
         ..real("tidy")
     })
     .expect("start two real nodes");
-    run_sleeper(|args| kubectl(&cluster, args));
+    run_sleeper(&cluster.kubeconfig());
     let running = host_state();
     // The check sees what a node changes: otherwise it would pass on any clean-up.
     assert_ne!(running.network_namespaces, before.network_namespaces);
@@ -197,20 +199,7 @@ fn a_node_whose_owner_was_killed_is_cleaned_up_by_the_next_one() {
         kubeconfig.ends_with("kubeconfig"),
         "localcluster up printed {line:?}"
     );
-    run_sleeper(|args| {
-        let out = Command::new(bin.path("kubectl"))
-            .arg("--kubeconfig")
-            .arg(&kubeconfig)
-            .args(args)
-            .output()
-            .expect("kubectl");
-        assert!(
-            out.status.success(),
-            "kubectl {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    });
+    run_sleeper(Path::new(&kubeconfig));
     owner.kill().expect("kill -9 the owner");
     let _ = owner.wait();
     // Its control plane and kubelet died with it (PDEATHSIG); its containers did not.

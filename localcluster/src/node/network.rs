@@ -130,9 +130,9 @@ fn forward_rules(subnets: &Subnets) -> [Vec<String>; 2] {
         "localcluster {}: no packet leaves the machine",
         subnets.netns()
     );
-    [
+    ["-i", "-o"].map(|direction| {
         [
-            "-i",
+            direction,
             &link,
             "-m",
             "comment",
@@ -140,19 +140,11 @@ fn forward_rules(subnets: &Subnets) -> [Vec<String>; 2] {
             &comment,
             "-j",
             "DROP",
-        ],
-        [
-            "-o",
-            &link,
-            "-m",
-            "comment",
-            "--comment",
-            &comment,
-            "-j",
-            "DROP",
-        ],
-    ]
-    .map(|rule| rule.iter().map(|s| s.to_string()).collect())
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
+    })
 }
 
 /// The nodes' namespaces and links; `host::release` removes them.
