@@ -216,7 +216,8 @@ async fn all_ready(client: &kube::Client, ns: &str) -> bool {
 
 /// The README's plain-CronJob container, in a Job in the release's namespace: its image is the
 /// operator's (it holds the binary), its command `lockedjob --version`.
-fn readme_exec_job(ns: &str, image: &str) -> String {
+/// `nodes_ns`: the namespace the Redis Services' names are completed with.
+fn readme_exec_job(name: &str, ns: &str, nodes_ns: &str, image: &str) -> String {
     let readme = std::fs::read_to_string(repo("README.md")).expect("README");
     let marker = "<!-- tests/real_node_chart.rs runs the next block -->";
     let after = &readme[readme.find(marker).expect("the README's marker") + marker.len()..];
@@ -228,11 +229,44 @@ fn readme_exec_job(ns: &str, image: &str) -> String {
     let block = block
         .replace("registry.example.com/sweep-with-lockedjob:1.0", image)
         .replace("/app/sweep]", "/usr/local/bin/lockedjob, --version]")
-        .replace(".lockedjob.svc", &format!(".{ns}.svc"));
+        .replace(".lockedjob.svc", &format!(".{nodes_ns}.svc"));
     let containers: String = block.lines().map(|l| format!("      {l}\n")).collect();
     format!(
-        "apiVersion: batch/v1\nkind: Job\nmetadata: {{name: readme-exec, namespace: {ns}}}\nspec:\n  backoffLimit: 0\n  template:\n    spec:\n      restartPolicy: Never\n{containers}"
+        "apiVersion: batch/v1\nkind: Job\nmetadata: {{name: {name}, namespace: {ns}}}\nspec:\n  backoffLimit: 0\n  template:\n    spec:\n      restartPolicy: Never\n{containers}"
     )
+}
+
+/// Applies a Job and waits for its end: whether it succeeded, and its pod's output.
+async fn run_job(
+    cluster: &LocalCluster,
+    client: &kube::Client,
+    ns: &str,
+    name: &str,
+    job: &str,
+) -> (Option<bool>, String) {
+    let file = tempfile::NamedTempFile::new().expect("temp file");
+    std::fs::write(file.path(), job).expect("write the Job");
+    tool(
+        cluster,
+        "kubectl",
+        &["apply", "-f", &file.path().display().to_string()],
+    );
+    let outcome = poll(|| job_succeeded(client, ns, name)).await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let pod = pods
+        .list(&ListParams::default().labels(&format!("job-name={name}")))
+        .await
+        .expect("list")
+        .items
+        .into_iter()
+        .next()
+        .map(|p| p.name_any())
+        .unwrap_or_default();
+    let output = pods
+        .logs(&pod, &LogParams::default())
+        .await
+        .unwrap_or_default();
+    (outcome, output)
 }
 
 async fn job_succeeded(client: &kube::Client, ns: &str, name: &str) -> Option<bool> {
@@ -292,35 +326,20 @@ async fn the_charts_defaults_run_on_a_real_node_in_a_restricted_namespace() {
         "one Redis node per Kubernetes node: {redis_nodes:?}"
     );
 
-    let job = readme_exec_job(&ns, &format!("{IMAGE}:{}", chart_app_version()));
-    let file = tempfile::NamedTempFile::new().expect("temp file");
-    std::fs::write(file.path(), &job).expect("write the Job");
-    tool(
-        cluster,
-        "kubectl",
-        &["apply", "-f", &file.path().display().to_string()],
-    );
-    let outcome = poll(|| job_succeeded(&client, &ns, "readme-exec")).await;
-    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
-    let exec_pod = pods
-        .list(&ListParams::default().labels("job-name=readme-exec"))
-        .await
-        .expect("list")
-        .items
-        .into_iter()
-        .next()
-        .map(|p| p.name_any())
-        .unwrap_or_default();
-    let output = pods
-        .logs(&exec_pod, &LogParams::default())
-        .await
-        .unwrap_or_default();
+    let image = format!("{IMAGE}:{}", chart_app_version());
+    let job = readme_exec_job("readme-exec", &ns, &ns, &image);
+    let (outcome, output) = run_job(cluster, &client, &ns, "readme-exec", &job).await;
     assert_eq!(
         outcome,
         Some(true),
         "the README's exec container:\n{job}\n{output}"
     );
     assert!(output.contains("lockedjob"), "{output}");
+    // Names that do not resolve are reported as such, not as a refused connection.
+    let job = readme_exec_job("unresolved-exec", &ns, "no-such-namespace", &image);
+    let (outcome, output) = run_job(cluster, &client, &ns, "unresolved-exec", &job).await;
+    assert_eq!(outcome, Some(false), "{output}");
+    assert!(output.contains("the host name did not resolve"), "{output}");
 
     tool(
         cluster,

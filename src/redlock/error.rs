@@ -10,6 +10,8 @@ pub enum NodeErrorKind {
     Timeout,
     /// The TCP connection was refused or reset: the node is down or restarting.
     Refused,
+    /// The node's host name did not resolve: a wrong address, or DNS down.
+    Unresolved,
     /// The node rejected our credentials (AUTH).
     Auth,
     /// The Redis user lacks a right (ACL): Redis's own words, which name the command or key.
@@ -34,6 +36,9 @@ impl fmt::Display for NodeErrorKind {
         match self {
             Self::Timeout => f.write_str("timed out"),
             Self::Refused => f.write_str("connection refused or reset"),
+            Self::Unresolved => {
+                f.write_str("the host name did not resolve (check the node's address and DNS)")
+            }
             Self::Auth => f.write_str("authentication failed (check the Redis user/password)"),
             Self::NoPermission(denied) => write!(
                 f,
@@ -61,6 +66,14 @@ impl NodeErrorKind {
         }
         if let Some(tls) = super::tls::tls_cause(err) {
             return Self::Tls(super::tls::describe(tls));
+        }
+        // The resolver's failure has no io::ErrorKind of its own: std and tokio both say this.
+        if err.is_io_error()
+            && err
+                .to_string()
+                .contains("failed to lookup address information")
+        {
+            return Self::Unresolved;
         }
         if err.is_connection_refusal() || err.is_connection_dropped() {
             return Self::Refused;
@@ -260,6 +273,40 @@ impl LockError {
             | Self::NoQuorum { failures, .. } => failures,
             Self::WaitExpired { last, .. } => last.node_failures(),
             _ => &[],
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn io_errors_are_told_apart() {
+        let io =
+            |kind, text: &str| redis::RedisError::from(std::io::Error::new(kind, text.to_string()));
+        let table = [
+            (
+                io(
+                    std::io::ErrorKind::Other,
+                    "failed to lookup address information: Name or service not known",
+                ),
+                NodeErrorKind::Unresolved,
+            ),
+            (
+                io(std::io::ErrorKind::ConnectionRefused, "Connection refused"),
+                NodeErrorKind::Refused,
+            ),
+            (
+                io(
+                    std::io::ErrorKind::ConnectionReset,
+                    "Connection reset by peer",
+                ),
+                NodeErrorKind::Refused,
+            ),
+        ];
+        for (err, kind) in table {
+            assert_eq!(NodeErrorKind::from_redis(&err), kind, "{err}");
         }
     }
 }

@@ -75,7 +75,8 @@ impl Node {
                 Ok(value) => Ok(value),
                 Err(err) => {
                     let kind = NodeErrorKind::from_redis(&err);
-                    if matches!(kind, NodeErrorKind::Refused) || err.is_unrecoverable_error() {
+                    let lost = matches!(kind, NodeErrorKind::Refused | NodeErrorKind::Unresolved);
+                    if lost || err.is_unrecoverable_error() {
                         self.invalidate(generation);
                     }
                     Err(kind)
