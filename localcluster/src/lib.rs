@@ -1,8 +1,9 @@
-//! A real Kubernetes control plane on loopback, for lockedjob-operator's tests and for people
-//! trying the operator: etcd, kube-apiserver, kube-controller-manager and kube-scheduler, built
-//! from Go modules by `scripts/k8s-bins.sh`, each a process in a directory of the cluster's
-//! own; plus a node agent — the one simulated part — that registers a Node and runs the pods
-//! the real scheduler binds to it as local processes.
+//! A real local Kubernetes cluster, for lockedjob-operator's tests and for people trying the
+//! operator: etcd, kube-apiserver, kube-controller-manager and kube-scheduler, built from Go
+//! modules by `scripts/k8s-bins.sh`, each a process in a directory of the cluster's own; and
+//! either real nodes (`node/`: kubelet, containerd, runc, kube-proxy, CoreDNS, in network
+//! namespaces of their own; root only) or the node agent (`agent/`, the simulated part), which
+//! registers a Node and runs the pods the real scheduler binds to it as local processes.
 //!
 //! Test support and a dev tool, not product code: nothing in the `lockedjob` crate uses it.
 //!

@@ -1,8 +1,9 @@
-//! What a real node changes on the host outside its network namespace, and how it is put back:
+//! What real nodes change on the host outside their network namespaces, and how it is put
+//! back:
 //! - kernel settings the kubelet sets when it starts (saved before the first node on this
 //!   machine starts, restored when the last one stops);
-//! - a cgroup `/lj<N>` in every hierarchy, the root of the node's pods;
-//! - mounts (container root file systems, pod volumes, network namespaces) under the node's
+//! - a cgroup `/ljN/nodeK` in every hierarchy, the root of node K's pods;
+//! - mounts (container root file systems, pod volumes, network namespaces) under the nodes'
 //!   directories;
 //! - container processes, which outlive their shim's parent by design;
 //! - files at paths the kubelet and libcni do not let us move: the kubelet's device-plugin
@@ -10,8 +11,8 @@
 //!   cache in /var/lib/cni. The node's own entries go when it stops; these directories, if
 //!   the first node made them, go when the last one stops.
 //!
-//! `/run/localcluster/<N>/` records who owns node N, so a node whose owner was killed is
-//! cleaned up by the next one that starts.
+//! `/run/localcluster/<N>/` records who owns cluster N's nodes, so nodes whose owner was
+//! killed are cleaned up by the next cluster that starts.
 
 use super::network::{namespaces, remove_network, NodeSlot, Subnets};
 use crate::Error;
@@ -49,8 +50,8 @@ fn absent_paths() -> PathBuf {
     Path::new(STATE_ROOT).join("absent-paths")
 }
 
-/// Node N's runtime state: containerd's sockets and state, the pods' network namespaces, the
-/// IP allocations, and the owner record.
+/// Cluster N's nodes' runtime state (`node-K` each: containerd's sockets and state, the pods'
+/// network namespaces, the IP allocations) and the owner record.
 pub fn state_dir(subnets: &Subnets) -> PathBuf {
     Path::new(STATE_ROOT).join(subnets.index.to_string())
 }
