@@ -191,6 +191,25 @@ async fn marks(pods: &Api<Pod>, name: &str) -> (Option<String>, bool) {
     (condition, labelled)
 }
 
+/// Waits until the mirror Lease names `holder` after `transitions` transitions.
+async fn wait_for_lease(
+    leases: &Api<Lease>,
+    holder: &str,
+    transitions: i32,
+    logs: &dyn Fn() -> String,
+) {
+    let expected = Some((holder.to_string(), transitions));
+    assert!(
+        eventually(Duration::from_secs(20), || async {
+            lease_holder(leases).await == expected
+        })
+        .await,
+        "the Lease: {:?}\n{}",
+        lease_holder(leases).await,
+        logs()
+    );
+}
+
 async fn lease_holder(leases: &Api<Lease>) -> Option<(String, i32)> {
     let spec = leases.get(&lease_name("writer")).await.ok()?.spec?;
     Some((spec.holder_identity?, spec.lease_transitions.unwrap_or(0)))
@@ -254,16 +273,7 @@ async fn the_pod_condition_label_and_lease_follow_the_leader() {
     );
     assert_eq!(marks(&pods, "writer-a").await, leading());
     // The Lease is written after the pod's marks.
-    let expected = Some(("ci/writer-a".to_string(), 0));
-    assert!(
-        eventually(Duration::from_secs(20), || async {
-            lease_holder(&leases).await == expected
-        })
-        .await,
-        "the Lease: {:?}\n{}",
-        lease_holder(&leases).await,
-        logs()
-    );
+    wait_for_lease(&leases, "ci/writer-a", 0, &logs).await;
     // The workload's view: /leader answers only on the leader, with its token.
     let (status, body) = get(port_a, "/leader");
     assert_eq!(status, 200, "{body}");
@@ -295,16 +305,7 @@ async fn the_pod_condition_label_and_lease_follow_the_leader() {
         logs()
     );
     // The Lease is written after the pod's marks.
-    let expected = Some(("ci/writer-b".to_string(), 1));
-    assert!(
-        eventually(Duration::from_secs(20), || async {
-            lease_holder(&leases).await == expected
-        })
-        .await,
-        "the Lease: {:?}\n{}",
-        lease_holder(&leases).await,
-        logs()
-    );
+    wait_for_lease(&leases, "ci/writer-b", 1, &logs).await;
     assert_eq!(get(port_b, "/leader").0, 200);
 
     // A graceful stop: marks off, lock released at once.

@@ -121,6 +121,11 @@ struct Layout {
 const AUDIT_POLICY: &str = "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nomitManagedFields: true\nrules:\n- level: Metadata\n";
 
 impl Layout {
+    /// `https://IP:PORT`, as the kubeconfigs name the API server.
+    fn server(&self) -> String {
+        format!("https://{}:{}", self.apiserver_ip, self.apiserver_port)
+    }
+
     fn etcd_args(&self) -> Vec<String> {
         let client = format!("http://127.0.0.1:{}", self.etcd_client_port);
         let peer = format!("http://127.0.0.1:{}", self.etcd_peer_port);
@@ -342,7 +347,7 @@ impl LocalCluster {
             std::fs::write(layout.dir.join("audit-policy.yaml"), AUDIT_POLICY)
                 .map_err(|e| Error::io("write the audit policy", e))?;
         }
-        let server = format!("https://{apiserver_ip}:{}", layout.apiserver_port);
+        let server = layout.server();
         std::fs::write(
             &layout.kubeconfig,
             kubeconfig_text(&options.name, &server, &layout.pki.ca_cert, &token),
@@ -592,11 +597,7 @@ impl Started {
         let control_plane = std::iter::once(&mut self.etcd)
             .chain(self.apiserver.as_mut())
             .chain(self.daemons.iter_mut());
-        for daemon in control_plane {
-            if let Some(status) = daemon.exited() {
-                return Err(daemon.exited_error(status));
-            }
-        }
+        crate::process::all_alive(control_plane)?;
         match &mut self.node {
             Some(NodeRuntime::Real(node)) => node.check_alive(),
             _ => Ok(()),
@@ -623,7 +624,7 @@ async fn start_control_plane(
     let node_name = format!("{name}-node");
     let node = match prepared {
         Some(prepared) => {
-            let server = format!("https://{}:{}", layout.apiserver_ip, layout.apiserver_port);
+            let server = layout.server();
             NodeRuntime::Real(
                 RealNodes::start(
                     prepared,
@@ -696,12 +697,7 @@ async fn start_apiserver(layout: &Layout, timeout: Duration) -> Result<(Daemon, 
             }
         }
         if let Some(status) = apiserver.exited() {
-            return Err(Error::Exited {
-                process: "kube-apiserver",
-                status,
-                log: apiserver.log_path().to_path_buf(),
-                tail: apiserver.log_tail(30),
-            });
+            return Err(apiserver.exited_error(status));
         }
         if Instant::now() >= deadline {
             return Err(Error::NotReady {

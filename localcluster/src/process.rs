@@ -112,6 +112,16 @@ impl Daemon {
     }
 }
 
+/// Fails with the log of the first of `daemons` that exited (none of them should).
+pub fn all_alive<'a>(daemons: impl IntoIterator<Item = &'a mut Daemon>) -> Result<(), Error> {
+    for daemon in daemons {
+        if let Some(status) = daemon.exited() {
+            return Err(daemon.exited_error(status));
+        }
+    }
+    Ok(())
+}
+
 impl Drop for Daemon {
     fn drop(&mut self) {
         self.stop(Duration::from_secs(2));

@@ -75,10 +75,6 @@ imports = []
 [plugins.'io.containerd.shim.v1.manager']
   socket_dir = '{state}/s'
 "#,
-        dir = dir,
-        state = state,
-        socket = socket,
-        PAUSE_IMAGE = PAUSE_IMAGE,
     )
 }
 

@@ -10,10 +10,10 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// The image tests and examples run shell commands in (`busybox:1.36` in pod specs).
-pub const BUSYBOX_IMAGE: &str = "docker.io/library/busybox:1.36";
+const BUSYBOX_IMAGE: &str = "docker.io/library/busybox:1.36";
 /// The Redis image the chart names by default. Its content is Debian's redis-server (7.0 on
 /// bookworm, not 7.2) with busybox for `start-redis.sh`: the name is what pods ask for.
-pub const REDIS_IMAGE: &str = "docker.io/library/redis:7.2-alpine";
+const REDIS_IMAGE: &str = "docker.io/library/redis:7.2-alpine";
 const BUSYBOX: &str = "/bin/busybox";
 const REDIS_SERVER: &str = "/usr/bin/redis-server";
 const CA_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
@@ -182,29 +182,27 @@ fn layer(spec: &ImageSpec) -> Result<Vec<u8>, Error> {
         tar.append_data(&mut header, path, std::io::empty())
             .map_err(io("write an image layer"))
     };
-    for (path, mode) in [
-        ("bin/", 0o755),
-        ("etc/", 0o755),
-        ("tmp/", 0o1777),
-        ("proc/", 0o755),
-        ("sys/", 0o755),
-        ("dev/", 0o755),
-    ] {
-        dir(path, mode)?;
-    }
-    let mut parents = std::collections::BTreeSet::new();
+    // The directories programs expect (/tmp writable by all), then every file's parents;
+    // sorted, so each parent comes before what it holds.
+    let mut dirs: std::collections::BTreeMap<PathBuf, u32> = [
+        ("bin", 0o755),
+        ("etc", 0o755),
+        ("tmp", 0o1777),
+        ("proc", 0o755),
+        ("sys", 0o755),
+        ("dev", 0o755),
+    ]
+    .into_iter()
+    .map(|(path, mode)| (PathBuf::from(path), mode))
+    .collect();
     for (_, to) in &spec.files {
-        let mut parent = Path::new(to.trim_start_matches('/')).parent();
-        while let Some(p) = parent.filter(|p| !p.as_os_str().is_empty()) {
-            parents.insert(p.to_path_buf());
-            parent = p.parent();
+        let parents = Path::new(to.trim_start_matches('/')).ancestors().skip(1);
+        for parent in parents.filter(|p| !p.as_os_str().is_empty()) {
+            dirs.entry(parent.to_path_buf()).or_insert(0o755);
         }
     }
-    for parent in parents
-        .iter()
-        .filter(|p| !["bin", "etc"].contains(&p.to_str().unwrap_or("")))
-    {
-        dir(&format!("{}/", parent.display()), 0o755)?;
+    for (path, mode) in &dirs {
+        dir(&format!("{}/", path.display()), *mode)?;
     }
     for (from, to) in &spec.files {
         let bytes = std::fs::read(from).map_err(io("read a file for an image"))?;

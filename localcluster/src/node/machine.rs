@@ -180,12 +180,7 @@ impl Machine {
 
     /// Fails with the log of a process that exited (none of them should).
     pub fn check_alive(&mut self) -> Result<(), Error> {
-        for daemon in &mut self.daemons {
-            if let Some(status) = daemon.exited() {
-                return Err(daemon.exited_error(status));
-            }
-        }
-        Ok(())
+        crate::process::all_alive(&mut self.daemons)
     }
 
     /// The kubelet first, so it restarts nothing; containerd last. The shims and containers

@@ -15,7 +15,6 @@ mod machine;
 mod network;
 mod storage;
 
-pub use images::{BUSYBOX_IMAGE, REDIS_IMAGE};
 pub use network::{NodeNetwork, Subnets, MAX_NODES};
 
 use crate::pki::{NodeIdentity, Pki};
@@ -217,10 +216,6 @@ impl RealNodes {
             images::import(&archives, s.bin_dir, &machine.containerd_socket())?;
         }
         std::fs::remove_dir_all(&work).map_err(|e| Error::io("remove the image archives", e))
-    }
-
-    pub fn subnets(&self) -> Subnets {
-        self.prepared.subnets()
     }
 
     /// Polls `ready` until it says yes; fails at once, with its log, if a node process exited.
