@@ -6,7 +6,7 @@ redis-server (no persistence) fed by `redis-cli --pipe`, and the server's own CP
 is divided by the operations. Every way releases with the same compare-and-delete script.
 
   rslock    SET NX PX (no fencing token)
-  lua       lockedjob's phase-1 script (src/redlock/scripts.rs): lock, fence read and raise
+  lua       lockedjob's phase-1 script (redlock/src/scripts.rs): lock, fence read and raise
   multi     native commands in MULTI/EXEC: SET NX PX, ZADD GT CH (a native max-register), ZSCORE
   pipe3     the same three commands without MULTI (not atomic: what the commands alone cost)
 

@@ -49,6 +49,9 @@ fi
 cargo machete
 echo "== cargo clippy"
 cargo clippy --locked --workspace --all-targets -- -D warnings
+echo "== the lock engine's rustdoc and doc tests (lockedjob-redlock, a library of its own)"
+RUSTDOCFLAGS="-D warnings" cargo doc --locked -p lockedjob-redlock --no-deps --quiet
+cargo test --locked -p lockedjob-redlock --doc
 echo "== benchmark smoke pass (cargo bench runs it in full)"
 cargo test --locked --bench redlock
 cargo test --locked --bench operator

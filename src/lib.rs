@@ -1,7 +1,8 @@
 //! lockedjob: run each scheduled job exactly once across replicas and clusters, coordinated with
 //! Redlock over independent Redis nodes and fenced with tokens that only grow.
 //!
-//! Layers, each depending only on those before it: [`redlock`] (the lock engine, no Kubernetes),
+//! Layers, each depending only on those before it: [`redlock`] (the lock engine, the crate
+//! `lockedjob-redlock`, re-exported here; no Kubernetes),
 //! [`child`] (a command that cannot outlive its supervisor), [`cli`] (the
 //! subcommands: `exec` runs a command under a lock, `elect` elects a leader for one).
 
@@ -13,6 +14,6 @@ pub mod http;
 pub mod lab;
 pub mod metrics;
 pub mod options;
-pub mod redlock;
+pub use lockedjob_redlock as redlock;
 pub mod schedule;
 pub mod shutdown;

@@ -1,30 +1,16 @@
-//! Prometheus metrics of the engine and the operator: a value (`Metrics`, cheap to clone)
-//! that the operator creates, hands to its engine and its controller, and renders at
-//! `/metrics`. Nothing is global: an engine made without one (`exec`, the lab, tests) counts
-//! into a registry of its own that nobody reads.
+//! Prometheus metrics of the operator: a value (`Metrics`, cheap to clone) that the operator
+//! creates, hands to its controller (and the engine's part, [`Metrics::lock`], to its engine),
+//! and renders at `/metrics`. Nothing is global: an engine made without one (`exec`, the lab,
+//! tests) counts into metrics of its own that nobody reads.
 
-use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
+use crate::redlock::LockMetrics;
+use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 use std::sync::Arc;
 use std::time::Duration;
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
-pub enum Outcome {
-    Acquired,
-    Contended,
-    /// The lock was free, but the step asked for had already been started by a holder.
-    AlreadyDone,
-    Failed,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct OutcomeLabel {
-    outcome: Outcome,
-}
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ResultLabel {
@@ -32,16 +18,11 @@ struct ResultLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct OpLabel {
-    op: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct KindLabel {
     kind: &'static str,
 }
 
-/// The metrics of one operator (or engine). Clones share the registry.
+/// The metrics of one operator. Clones share the registry.
 #[derive(Clone)]
 pub struct Metrics {
     inner: Arc<Families>,
@@ -64,13 +45,7 @@ struct Families {
     reconciles: Counter,
     reconcile_seconds: Histogram,
     reconcile_errors: Family<KindLabel, Counter>,
-    redis_requests: Family<OpLabel, Counter>,
-    acquisitions: Family<OutcomeLabel, Counter>,
-    acquire_seconds: Histogram,
-    renewals: Family<ResultLabel, Counter>,
-    releases: Counter,
-    lease_losses: Counter,
-    nodes_reachable: Gauge,
+    lock: LockMetrics,
     runs: Family<ResultLabel, Counter>,
     schedule_lag_seconds: Histogram,
 }
@@ -91,44 +66,8 @@ fn families() -> Families {
         "Reconciles that failed, by kind of error",
         reconcile_errors.clone(),
     );
-    let redis_requests = Family::<OpLabel, Counter>::default();
-    registry.register(
-        "redis_requests",
-        "Requests sent to Redis nodes (one per node per round), by what they were for",
-        redis_requests.clone(),
-    );
-    let acquisitions = Family::<OutcomeLabel, Counter>::default();
-    registry.register(
-        "lock_acquisitions",
-        "Lock acquisition attempts by outcome",
-        acquisitions.clone(),
-    );
-    let acquire_seconds = Histogram::new(exponential_buckets(0.0005, 2.0, 14));
-    registry.register(
-        "lock_acquire_duration_seconds",
-        "Time one acquisition attempt took",
-        acquire_seconds.clone(),
-    );
-    let renewals = Family::<ResultLabel, Counter>::default();
-    registry.register(
-        "lock_renewals",
-        "Lease renewals by result",
-        renewals.clone(),
-    );
-    let releases = Counter::default();
-    registry.register("lock_releases", "Lock releases", releases.clone());
-    let lease_losses = Counter::default();
-    registry.register(
-        "lease_losses",
-        "Leases lost because no quorum renewed them in time",
-        lease_losses.clone(),
-    );
-    let nodes_reachable = Gauge::default();
-    registry.register(
-        "redis_nodes_reachable",
-        "Redis nodes that answered the last probe",
-        nodes_reachable.clone(),
-    );
+    let lock = LockMetrics::new();
+    lock.register(&mut registry);
     let runs = Family::<ResultLabel, Counter>::default();
     registry.register("runs", "Job runs by outcome", runs.clone());
     let schedule_lag_seconds = Histogram::new(exponential_buckets(0.005, 2.0, 14));
@@ -142,13 +81,7 @@ fn families() -> Families {
         reconciles,
         reconcile_seconds,
         reconcile_errors,
-        redis_requests,
-        acquisitions,
-        acquire_seconds,
-        renewals,
-        releases,
-        lease_losses,
-        nodes_reachable,
+        lock,
         runs,
         schedule_lag_seconds,
     }
@@ -174,41 +107,9 @@ impl Metrics {
             .inc();
     }
 
-    pub fn record_acquire(&self, outcome: Outcome, took: Duration) {
-        self.inner
-            .acquisitions
-            .get_or_create(&OutcomeLabel { outcome })
-            .inc();
-        self.inner.acquire_seconds.observe(took.as_secs_f64());
-    }
-
-    pub fn record_renewal(&self, ok: bool) {
-        let result = if ok { "ok" } else { "failed" }.to_string();
-        self.inner
-            .renewals
-            .get_or_create(&ResultLabel { result })
-            .inc();
-    }
-
-    pub fn record_release(&self) {
-        self.inner.releases.inc();
-    }
-
-    pub fn record_lease_lost(&self) {
-        self.inner.lease_losses.inc();
-    }
-
-    /// `nodes` requests sent for `op` (acquire, fence, extend, progress, release, holder,
-    /// probe).
-    pub fn record_redis_requests(&self, op: &'static str, nodes: usize) {
-        self.inner
-            .redis_requests
-            .get_or_create(&OpLabel { op: op.to_string() })
-            .inc_by(nodes as u64);
-    }
-
-    pub fn set_nodes_reachable(&self, nodes: usize) {
-        self.inner.nodes_reachable.set(nodes as i64);
+    /// The engine's part, for `Redlock::with_metrics`: what it counts shows at `/metrics`.
+    pub fn lock(&self) -> &LockMetrics {
+        &self.inner.lock
     }
 
     pub fn record_run(&self, result: RunResult) {
@@ -276,15 +177,10 @@ mod tests {
     #[test]
     fn rendered_metrics_carry_recorded_values_and_registries_are_apart() {
         let metrics = Metrics::new();
-        metrics.record_lease_lost();
-        metrics.record_acquire(Outcome::Contended, Duration::from_millis(3));
+        metrics.lock().record_lease_lost();
         metrics.reconcile_failed("kube");
         let text = metrics.render();
         assert!(text.contains("lockedjob_lease_losses_total 1"), "{text}");
-        assert!(
-            text.contains("lockedjob_lock_acquisitions_total{outcome=\"Contended\"} 1"),
-            "{text}"
-        );
         assert!(
             text.contains("lockedjob_reconcile_errors_total{kind=\"kube\"} 1"),
             "{text}"

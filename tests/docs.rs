@@ -85,7 +85,14 @@ fn citations(text: &str) -> Vec<String> {
 fn every_design_citation_in_the_code_names_a_heading() {
     let design = headings(&read(&Path::new(ROOT).join("docs/design.md")));
     let mut files = Vec::new();
-    for dir in ["src", "localcluster", "quickstart", "tests", "benches"] {
+    for dir in [
+        "src",
+        "redlock",
+        "localcluster",
+        "quickstart",
+        "tests",
+        "benches",
+    ] {
         rust_files(&Path::new(ROOT).join(dir), &mut files);
     }
     let mut missing = Vec::new();

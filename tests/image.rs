@@ -1,7 +1,8 @@
-//! The Dockerfile against the workspace: the build context that `.dockerignore` lets through,
-//! with the member stubs the Dockerfile makes, must still be a workspace cargo can load.
-//! (`docker build .` once failed with "failed to load manifest for workspace member" after a
-//! member was added, and nothing noticed.)
+//! The Dockerfile against the workspace: its build stage's steps, run here on the build context
+//! that `.dockerignore` lets through, with `cargo build` replaced by loading the workspace as
+//! a build does (no compiling), must succeed at every step. (`docker build .` once failed with
+//! "failed to load manifest for workspace member" after a member was added, and again after a
+//! bench was added that the dependency step did not stub; nothing noticed either.)
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -12,54 +13,32 @@ fn read(name: &str) -> String {
     std::fs::read_to_string(Path::new(ROOT).join(name)).unwrap_or_else(|e| panic!("{name}: {e}"))
 }
 
-/// `cargo metadata --no-deps` of the workspace at `dir`.
-fn cargo_metadata(dir: &Path) -> std::process::Output {
-    Command::new(env!("CARGO"))
-        .args([
-            "metadata",
-            "--format-version",
-            "1",
-            "--no-deps",
-            "--offline",
-        ])
-        .current_dir(dir)
-        .output()
-        .expect("run cargo metadata")
-}
-
-/// The workspace's members other than the root package, as directories relative to the root.
-fn other_members() -> Vec<String> {
-    let out = cargo_metadata(Path::new(ROOT));
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let metadata: serde_json::Value = serde_json::from_slice(&out.stdout).expect("metadata JSON");
-    let mut members: Vec<String> = metadata["packages"]
-        .as_array()
-        .expect("packages")
+/// The build stage's instructions (from its `FROM` to the next), continuation lines joined,
+/// comments dropped.
+fn build_stage(dockerfile: &str) -> Vec<String> {
+    let mut instructions = Vec::new();
+    let mut current = String::new();
+    for line in dockerfile.lines() {
+        let line = line.trim();
+        if line.starts_with('#') || (line.is_empty() && current.is_empty()) {
+            continue;
+        }
+        match line.strip_suffix('\\') {
+            Some(head) => current.push_str(head),
+            None => {
+                current.push_str(line);
+                instructions.push(std::mem::take(&mut current));
+            }
+        }
+    }
+    let stages: Vec<usize> = instructions
         .iter()
-        .filter_map(|package| {
-            let manifest = PathBuf::from(package["manifest_path"].as_str()?);
-            let dir = manifest.parent()?.strip_prefix(ROOT).ok()?.to_owned();
-            (!dir.as_os_str().is_empty()).then(|| dir.to_string_lossy().into_owned())
-        })
+        .enumerate()
+        .filter(|(_, instruction)| instruction.starts_with("FROM "))
+        .map(|(at, _)| at)
         .collect();
-    members.sort();
-    members
-}
-
-/// The members the Dockerfile stubs: its `for member in A B; do` loop.
-fn stubbed_members(dockerfile: &str) -> Vec<String> {
-    let line = dockerfile
-        .lines()
-        .find_map(|line| line.trim_start().strip_prefix("RUN for member in "))
-        .expect("the Dockerfile stubs the members in a `RUN for member in ...; do` loop");
-    let list = line.split(';').next().unwrap_or_default();
-    let mut members: Vec<String> = list.split_whitespace().map(str::to_string).collect();
-    members.sort();
-    members
+    assert!(stages.len() >= 2, "a build stage and a final stage");
+    instructions[stages[0] + 1..stages[1]].to_vec()
 }
 
 /// Copies what `.dockerignore` lets into the context (`*`, then `!path` lines) to `to`.
@@ -68,57 +47,109 @@ fn build_context(to: &Path) {
         let Some(path) = line.trim().strip_prefix('!') else {
             continue;
         };
-        let from = Path::new(ROOT).join(path.trim_end_matches('/'));
-        let into = to.join(path.trim_end_matches('/'));
-        copy(&from, &into);
+        let path = path.trim_end_matches('/');
+        copy(&Path::new(ROOT).join(path), &to.join(path));
     }
 }
 
 fn copy(from: &Path, to: &Path) {
     if from.is_dir() {
-        std::fs::create_dir_all(to).expect("mkdir in the context");
+        std::fs::create_dir_all(to).expect("mkdir");
         for entry in std::fs::read_dir(from).expect("read_dir") {
             let entry = entry.expect("a directory entry");
             copy(&entry.path(), &to.join(entry.file_name()));
         }
     } else {
         if let Some(dir) = to.parent() {
-            std::fs::create_dir_all(dir).expect("mkdir in the context");
+            std::fs::create_dir_all(dir).expect("mkdir");
         }
         std::fs::copy(from, to).unwrap_or_else(|e| panic!("{}: {e}", from.display()));
     }
 }
 
-#[test]
-fn the_dockerfile_stubs_every_workspace_member_and_cargo_loads_its_context() {
-    let dockerfile = read("Dockerfile");
-    let members = other_members();
-    assert!(!members.is_empty(), "the workspace has other members");
-    assert_eq!(
-        stubbed_members(&dockerfile),
-        members,
-        "the Dockerfile's stub loop must name every workspace member"
-    );
-    for member in &members {
-        let copy_line = format!("COPY {member}/Cargo.toml {member}/");
+/// `COPY SRC... DEST` from the context into the work directory, as Docker does: a source that
+/// is missing from the context fails the build; a directory's contents go into DEST.
+fn run_copy(args: &str, context: &Path, workdir: &Path) {
+    let words: Vec<&str> = args.split_whitespace().collect();
+    let (dest, sources) = words.split_last().expect("COPY SRC DEST");
+    for source in sources {
+        let from = context.join(source);
         assert!(
-            dockerfile.lines().any(|line| line.trim() == copy_line),
-            "the Dockerfile lacks `{copy_line}`"
+            from.exists(),
+            "`COPY {args}`: {source} is not in the build context (.dockerignore)"
         );
+        let into = if dest.ends_with('/') && from.is_file() {
+            workdir
+                .join(dest)
+                .join(from.file_name().expect("a file name"))
+        } else {
+            workdir.join(dest)
+        };
+        copy(&from, &into);
     }
+}
 
-    let context = tempfile::tempdir().expect("tempdir");
-    build_context(context.path());
-    for member in &members {
-        let src = context.path().join(member).join("src");
-        std::fs::create_dir_all(&src).expect("mkdir");
-        std::fs::write(src.join("lib.rs"), "").expect("stub lib.rs");
-        std::fs::write(src.join("main.rs"), "fn main() {}").expect("stub main.rs");
-    }
-    let out = cargo_metadata(context.path());
-    assert!(
-        out.status.success(),
-        "cargo cannot load the image's build context: {}",
-        String::from_utf8_lossy(&out.stderr)
+/// A `cargo` whose `build` loads the workspace as a build would and builds nothing: every
+/// manifest and every target it names must be there (`cargo metadata` and `cargo tree` do not
+/// look for targets; `check` does, before it finds no such binary), the lock file must be
+/// current (`--locked`), and the binary the image ships must be a target.
+fn cargo_shim(dir: &Path) -> PathBuf {
+    let script = format!(
+        r#"#!/bin/sh
+[ "$1" = build ] || {{ echo "the test's cargo only stands in for builds: $*" >&2; exit 2; }}
+'{cargo}' tree --offline --locked --edges normal >/dev/null || exit 1
+out=$('{cargo}' check --offline --bin no-such-target-here 2>&1)
+case "$out" in
+  *"no bin target named"*) ;;
+  *) echo "$out" >&2; exit 1 ;;
+esac
+printf '%s\n' "$out" | grep -qx '    lockedjob' || {{ echo "no binary lockedjob: $out" >&2; exit 1; }}
+"#,
+        cargo = env!("CARGO")
     );
+    let shim = dir.join("cargo");
+    std::fs::write(&shim, script).expect("write the cargo shim");
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&shim, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    dir.to_owned()
+}
+
+#[test]
+fn the_dockerfiles_build_stage_loads_the_workspace_at_every_step() {
+    let context = tempfile::tempdir().expect("tempdir");
+    let workdir = tempfile::tempdir().expect("tempdir");
+    let shims = tempfile::tempdir().expect("tempdir");
+    build_context(context.path());
+    let path = format!(
+        "{}:{}",
+        cargo_shim(shims.path()).display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let stage = build_stage(&read("Dockerfile"));
+    let builds = stage.iter().filter(|i| i.contains("cargo build")).count();
+    assert!(
+        builds >= 2,
+        "a dependency build and the real build: {stage:#?}"
+    );
+    for instruction in &stage {
+        let (verb, args) = instruction.split_once(' ').unwrap_or((instruction, ""));
+        match verb {
+            "WORKDIR" => {}
+            "COPY" => run_copy(args, context.path(), workdir.path()),
+            "RUN" => {
+                let out = Command::new("sh")
+                    .args(["-ec", args])
+                    .current_dir(workdir.path())
+                    .env("PATH", &path)
+                    .output()
+                    .expect("run sh");
+                assert!(
+                    out.status.success(),
+                    "`RUN {args}` fails:\n{}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+            other => panic!("the test does not know `{other}` in the build stage"),
+        }
+    }
 }

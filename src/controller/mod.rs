@@ -115,7 +115,7 @@ pub async fn run(args: OperatorArgs) -> i32 {
 /// KUBECONFIG); `None` after logging why not.
 async fn connect(args: &OperatorArgs) -> Option<(Client, Redlock, Metrics)> {
     let metrics = Metrics::new();
-    let engine = match Redlock::with_metrics(args.redis.engine_config(), metrics.clone()) {
+    let engine = match Redlock::with_metrics(args.redis.engine_config(), metrics.lock().clone()) {
         Ok(engine) => engine,
         Err(e) => {
             tracing::error!(error = %e, "bad Redis configuration; the operator cannot start");

@@ -89,7 +89,7 @@ pub(super) fn context_on(
     config.connect_timeout = timeout;
     config.holder = "test/r0".into();
     let metrics = Metrics::new();
-    let engine = Redlock::with_metrics(config, metrics.clone()).expect("engine config");
+    let engine = Redlock::with_metrics(config, metrics.lock().clone()).expect("engine config");
     let (cache, mut writer) = reflector::store();
     for job in jobs {
         writer.apply_watcher_event(&watcher::Event::InitApply(job));

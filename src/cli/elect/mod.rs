@@ -124,7 +124,7 @@ pub async fn run(args: ElectArgs) -> i32 {
         }
     };
     let metrics = Metrics::new();
-    let engine = match Redlock::with_metrics(config, metrics.clone()) {
+    let engine = match Redlock::with_metrics(config, metrics.lock().clone()) {
         Ok(engine) => engine,
         Err(e) => {
             eprintln!("lockedjob elect: {e}");

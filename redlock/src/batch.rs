@@ -8,10 +8,9 @@
 //! script call each. Rounds do not wait for each other, so a hung node still costs each
 //! request one request timeout.
 
-use super::engine::{Redlock, WeakRedlock};
 use futures::future::BoxFuture;
 use futures::stream::{FuturesUnordered, StreamExt};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::{Duration, Instant};
 use tokio::sync::{oneshot, Notify};
 use tokio_util::task::AbortOnDropHandle;
@@ -32,9 +31,10 @@ pub(crate) fn renewal_linger(ttl: Duration, until_give_up: Duration) -> Duration
     (ttl / 20).min(MAX_LINGER).min(until_give_up / 4)
 }
 
-/// Sends one batch as one round: one answer per request, in order.
-pub(crate) type SendBatch<Request, Answer> =
-    fn(Redlock, Vec<Request>) -> BoxFuture<'static, Vec<Answer>>;
+/// Sends one batch as one round through the sender (the engine): one answer per request, in
+/// order.
+pub(crate) type SendBatch<Sender, Request, Answer> =
+    fn(Arc<Sender>, Vec<Request>) -> BoxFuture<'static, Vec<Answer>>;
 
 struct Waiting<Request, Answer> {
     request: Request,
@@ -54,16 +54,22 @@ struct Shared<Request, Answer> {
     sooner: Notify,
 }
 
-/// A queue of one kind of request and the task that sends it. The task starts on first use
-/// and ends with the engine (it holds it only weakly, and only for a round).
-pub(crate) struct Batcher<Request, Answer> {
+/// A queue of one kind of request and the task that sends it through `Sender` (the engine).
+/// The task starts on first use and ends with the sender (it holds it only weakly, and only
+/// for a round).
+pub(crate) struct Batcher<Sender, Request, Answer> {
     shared: Arc<Shared<Request, Answer>>,
-    send: SendBatch<Request, Answer>,
+    send: SendBatch<Sender, Request, Answer>,
     task: OnceLock<AbortOnDropHandle<()>>,
 }
 
-impl<Request: Send + 'static, Answer: Send + 'static> Batcher<Request, Answer> {
-    pub(crate) fn new(send: SendBatch<Request, Answer>) -> Self {
+impl<Sender, Request, Answer> Batcher<Sender, Request, Answer>
+where
+    Sender: Send + Sync + 'static,
+    Request: Send + 'static,
+    Answer: Send + 'static,
+{
+    pub(crate) fn new(send: SendBatch<Sender, Request, Answer>) -> Self {
         Self {
             shared: Arc::new(Shared {
                 queue: Mutex::new(Queue {
@@ -78,18 +84,18 @@ impl<Request: Send + 'static, Answer: Send + 'static> Batcher<Request, Answer> {
     }
 
     /// Queues `request`, to be sent within `linger`; the receiver gets its answer. It gets
-    /// none (a closed channel) only when the engine is going away.
+    /// none (a closed channel) only when the sender is going away.
     pub(crate) fn enqueue(
         &self,
         request: Request,
         linger: Duration,
-        engine: impl FnOnce() -> WeakRedlock,
+        sender: impl FnOnce() -> Weak<Sender>,
     ) -> oneshot::Receiver<Answer> {
         self.task.get_or_init(|| {
             AbortOnDropHandle::new(tokio::spawn(send_rounds(
                 Arc::clone(&self.shared),
                 self.send,
-                engine(),
+                sender(),
             )))
         });
         let (answer, receiver) = oneshot::channel();
@@ -134,10 +140,10 @@ fn take_batch<Request, Answer>(shared: &Shared<Request, Answer>) -> Vec<Waiting<
     batch
 }
 
-async fn send_rounds<Request: Send + 'static, Answer: Send + 'static>(
+async fn send_rounds<Sender, Request: Send + 'static, Answer: Send + 'static>(
     shared: Arc<Shared<Request, Answer>>,
-    send: SendBatch<Request, Answer>,
-    engine: WeakRedlock,
+    send: SendBatch<Sender, Request, Answer>,
+    sender: Weak<Sender>,
 ) {
     let mut rounds = FuturesUnordered::new();
     loop {
@@ -151,24 +157,24 @@ async fn send_rounds<Request: Send + 'static, Answer: Send + 'static>(
                 if batch.is_empty() {
                     continue;
                 }
-                let Some(engine) = engine.upgrade() else { return };
-                rounds.push(send_batch(send, engine, batch));
+                let Some(sender) = sender.upgrade() else { return };
+                rounds.push(send_batch(send, sender, batch));
             }
             Some(()) = rounds.next(), if !rounds.is_empty() => {}
         }
     }
 }
 
-async fn send_batch<Request, Answer>(
-    send: SendBatch<Request, Answer>,
-    engine: Redlock,
+async fn send_batch<Sender, Request, Answer>(
+    send: SendBatch<Sender, Request, Answer>,
+    sender: Arc<Sender>,
     batch: Vec<Waiting<Request, Answer>>,
 ) {
     let (requests, answers): (Vec<Request>, Vec<oneshot::Sender<Answer>>) = batch
         .into_iter()
         .map(|waiting| (waiting.request, waiting.answer))
         .unzip();
-    for (answer, result) in answers.into_iter().zip(send(engine, requests).await) {
+    for (answer, result) in answers.into_iter().zip(send(sender, requests).await) {
         // A sender that gave up (a stopped watchdog) no longer listens.
         let _ = answer.send(result);
     }

@@ -10,7 +10,7 @@ use super::node::Node;
 use super::phase1::{self, Decision, Tally, Vote};
 use super::scripts;
 use super::timing::{backoff, drift_allowance, quorum, validity};
-use crate::metrics::{Metrics, Outcome};
+use crate::metrics::{LockMetrics, Outcome};
 use futures::future::join_all;
 use redis::FromRedisValue;
 use std::collections::HashMap;
@@ -35,13 +35,13 @@ struct Inner {
     quorum: usize,
     /// When false, requests go to one node after the other (only for the benchmark's baseline).
     parallel: bool,
-    metrics: Metrics,
+    metrics: LockMetrics,
     /// The highest token seen per lock name, for proposing the next one in phase 1.
     seen: Mutex<HashMap<String, u64>>,
     /// Requests that share rounds (`batch.rs`).
-    renewals: Batcher<Lease, Result<Instant, LockError>>,
-    hints: Batcher<String, Option<(String, Duration)>>,
-    holder_reads: Batcher<String, Option<String>>,
+    renewals: Batcher<Inner, Lease, Result<Instant, LockError>>,
+    hints: Batcher<Inner, String, Option<(String, Duration)>>,
+    holder_reads: Batcher<Inner, String, Option<String>>,
 }
 
 /// How long an orphan check's reads (`value_on_any_node`, `current_holder`) wait for others:
@@ -49,9 +49,10 @@ struct Inner {
 const READ_LINGER: Duration = Duration::from_millis(250);
 
 fn send_renewals(
-    engine: Redlock,
+    inner: Arc<Inner>,
     leases: Vec<Lease>,
 ) -> futures::future::BoxFuture<'static, Vec<Result<Instant, LockError>>> {
+    let engine = Redlock { inner };
     Box::pin(async move {
         let leases: Vec<&Lease> = leases.iter().collect();
         engine.extend_many(&leases).await
@@ -59,9 +60,10 @@ fn send_renewals(
 }
 
 fn send_hints(
-    engine: Redlock,
+    inner: Arc<Inner>,
     names: Vec<String>,
 ) -> futures::future::BoxFuture<'static, Vec<Option<(String, Duration)>>> {
+    let engine = Redlock { inner };
     Box::pin(async move {
         let node = rand::random::<u32>() as usize;
         engine.values_on_node(&names, node).await
@@ -69,19 +71,11 @@ fn send_hints(
 }
 
 fn send_holder_reads(
-    engine: Redlock,
+    inner: Arc<Inner>,
     names: Vec<String>,
 ) -> futures::future::BoxFuture<'static, Vec<Option<String>>> {
+    let engine = Redlock { inner };
     Box::pin(async move { engine.current_holders(&names).await })
-}
-
-/// The engine without keeping it alive: what its batching tasks (`batch.rs`) hold.
-pub(super) struct WeakRedlock(Weak<Inner>);
-
-impl WeakRedlock {
-    pub(super) fn upgrade(&self) -> Option<Redlock> {
-        self.0.upgrade().map(|inner| Redlock { inner })
-    }
 }
 
 /// Held for a map lookup or insert, never across an await; a poisoned map is still a map.
@@ -116,11 +110,11 @@ impl Redlock {
     /// Validates the configuration. Connects lazily: nodes that are down now are retried on use.
     /// Counts into metrics of its own; see [`Redlock::with_metrics`].
     pub fn new(config: RedlockConfig) -> Result<Self, ConfigError> {
-        Self::with_metrics(config, Metrics::new())
+        Self::with_metrics(config, LockMetrics::new())
     }
 
     /// Like [`Redlock::new`], counting into `metrics` (the operator's, which `/metrics` shows).
-    pub fn with_metrics(config: RedlockConfig, metrics: Metrics) -> Result<Self, ConfigError> {
+    pub fn with_metrics(config: RedlockConfig, metrics: LockMetrics) -> Result<Self, ConfigError> {
         let parsed = config.parse_nodes()?;
         let nodes = parsed
             .into_iter()
@@ -142,9 +136,9 @@ impl Redlock {
                 parallel: true,
                 metrics,
                 seen: Mutex::new(HashMap::new()),
-                renewals: Batcher::new(send_renewals as SendBatch<_, _>),
-                hints: Batcher::new(send_hints as SendBatch<_, _>),
-                holder_reads: Batcher::new(send_holder_reads as SendBatch<_, _>),
+                renewals: Batcher::new(send_renewals as SendBatch<_, _, _>),
+                hints: Batcher::new(send_hints as SendBatch<_, _, _>),
+                holder_reads: Batcher::new(send_holder_reads as SendBatch<_, _, _>),
             }),
         })
     }
@@ -161,11 +155,12 @@ impl Redlock {
         })
     }
 
-    fn downgrade(&self) -> WeakRedlock {
-        WeakRedlock(Arc::downgrade(&self.inner))
+    /// The engine without keeping it alive: what its batching tasks (`batch.rs`) hold.
+    fn downgrade(&self) -> Weak<Inner> {
+        Arc::downgrade(&self.inner)
     }
 
-    pub fn metrics(&self) -> &Metrics {
+    pub fn metrics(&self) -> &LockMetrics {
         &self.inner.metrics
     }
 
@@ -503,7 +498,7 @@ impl Redlock {
     /// while the engine is being dropped), answers with `alone` instead.
     async fn in_shared_round<Request: Send + 'static, Answer: Send + 'static>(
         &self,
-        batcher: &Batcher<Request, Answer>,
+        batcher: &Batcher<Inner, Request, Answer>,
         request: Request,
         linger: Duration,
         alone: impl std::future::Future<Output = Answer>,

@@ -64,8 +64,8 @@ impl NodeErrorKind {
         if err.is_timeout() {
             return Self::Timeout;
         }
-        if let Some(tls) = super::tls::tls_cause(err) {
-            return Self::Tls(super::tls::describe(tls));
+        if let Some(tls) = super::handshake::tls_cause(err) {
+            return Self::Tls(super::handshake::describe(tls));
         }
         // The resolver's failure has no io::ErrorKind of its own: std and tokio both say this.
         if err.is_io_error()
