@@ -1,10 +1,11 @@
 //! What every reconcile and run task of one replica shares: clients, the engine, the Job
 //! caches, the run bookkeeping, health and metrics.
 
+use super::error::Error;
 use super::health::Health;
+use super::jobs;
 use super::runs::Runs;
-use super::{jobs, Error};
-use crate::api::LockedJob;
+use super::subject::Subject;
 use crate::metrics::Metrics;
 use crate::redlock::Redlock;
 use k8s_openapi::api::batch::v1::Job;
@@ -74,11 +75,11 @@ impl Context {
 
     /// The LockedJob's Jobs in the cache: its label and its owner reference (a Job left by an
     /// earlier LockedJob of the same name has another owner uid).
-    pub async fn jobs_of(&self, lj: &LockedJob) -> Result<Vec<Arc<Job>>, Error> {
+    pub async fn jobs_of(&self, subject: &Subject) -> Result<Vec<Arc<Job>>, Error> {
         use kube::ResourceExt;
-        let (name, uid) = (lj.name_any(), lj.uid().unwrap_or_default());
-        self.cached_jobs(&lj.namespace().unwrap_or_default(), |j| {
-            j.labels().get(jobs::LABEL_LOCKED_JOB) == Some(&name)
+        let (name, uid) = (&subject.name, subject.lj.uid().unwrap_or_default());
+        self.cached_jobs(&subject.namespace, |j| {
+            j.labels().get(jobs::LABEL_LOCKED_JOB) == Some(name)
                 && j.owner_references().iter().any(|r| r.uid == uid)
         })
         .await

@@ -1,6 +1,6 @@
 //! The reconcile error, counted by kind.
 
-use super::FINALIZER;
+use super::names::FINALIZER;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {

@@ -6,7 +6,8 @@
 //! run (times, Job names, tokens), so nothing would ever be counted; at a thousand LockedJobs
 //! the cache was tens of MiB per replica and its lock a queue in front of every Job create.
 
-use super::{Context, MANAGER};
+use super::context::Context;
+use super::names::MANAGER;
 use crate::api::LockedJob;
 use jiff::Timestamp;
 use k8s_openapi::api::events::v1::Event;

@@ -1,12 +1,9 @@
-//! `/healthz`, `/readyz` and `/metrics` (served by `crate::http`).
+//! What readiness and the `RedisDegraded` condition are made of: the watches' first lists and
+//! the Redis nodes answering, counted so that one slow probe does not move them.
+//! `probes.rs` serves them.
 
-use super::Context;
-use crate::http::Reply;
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::net::TcpListener;
 
 /// What readiness is made of, apart from the run bookkeeping: the watches' first lists and
 /// the Redis nodes that answered the last probe.
@@ -111,35 +108,6 @@ impl SteadyCount {
         self.shown = Some(shown);
         self.last = Some(probed);
         shown
-    }
-}
-
-pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
-    TcpListener::bind(addr).await
-}
-
-/// Answers `/healthz`, `/readyz` and `/metrics` until the returned future is dropped.
-pub async fn serve(listener: TcpListener, ctx: Arc<Context>) {
-    crate::http::serve(listener, move |path| route(&ctx, path)).await
-}
-
-fn route(ctx: &Context, path: &str) -> Reply {
-    match path {
-        "/healthz" => Reply::text(200, "ok\n"),
-        "/readyz" if ctx.is_ready() => Reply::text(200, "ready\n"),
-        "/readyz" => Reply::text(
-            503,
-            format!(
-                "not ready: watch synced={}, redis nodes answering={} of {} (quorum {}), shutting down={}\n",
-                ctx.health.synced(),
-                ctx.health.reachable(),
-                ctx.nodes(),
-                ctx.engine.quorum(),
-                ctx.shutdown.is_cancelled()
-            ),
-        ),
-        "/metrics" => Reply::metrics(ctx.metrics.render()),
-        _ => Reply::not_found(),
     }
 }
 

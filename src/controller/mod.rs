@@ -9,17 +9,21 @@ mod events;
 mod health;
 pub mod jobs;
 mod memory;
+mod names;
+mod probes;
 mod reconcile;
 #[cfg(test)]
 mod reconcile_tests;
 mod run;
 mod runs;
 pub mod status;
+mod subject;
 
 use context::store_ready;
 pub use context::{Context, MAX_LOCK_ATTEMPTS_IN_FLIGHT};
 pub use error::Error;
 pub use memory::return_large_allocations_to_the_system;
+pub use names::{FINALIZER, MANAGER};
 
 use crate::api::LockedJob;
 use crate::cli::exit;
@@ -40,11 +44,6 @@ use std::time::Duration;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-
-/// Finalizer on every LockedJob: on delete, its Jobs are stopped and its lock released first.
-pub const FINALIZER: &str = "lockedjob.dev/cleanup";
-/// Field manager and event reporter name.
-pub const MANAGER: &str = "lockedjob-operator";
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct OperatorArgs {
@@ -87,8 +86,8 @@ pub async fn run(args: OperatorArgs) -> i32 {
         metrics,
     });
     tracing::info!(holder = %ctx.holder, nodes = ?ctx.engine.node_labels(), namespaces = ?args.namespaces, "lockedjob operator starting");
-    match health::bind(args.metrics_addr).await {
-        Ok(listener) => background.spawn(health::serve(listener, Arc::clone(&ctx))),
+    match probes::bind(args.metrics_addr).await {
+        Ok(listener) => background.spawn(probes::serve(listener, Arc::clone(&ctx))),
         Err(e) => {
             tracing::error!(addr = %args.metrics_addr, error = %e, "cannot listen for /healthz, /readyz and /metrics");
             return exit::USAGE;

@@ -2,10 +2,14 @@
 //! from the watch cache, the time, the Redis nodes answering), decide (`decide.rs`, pure) and
 //! act. Runs happen in tasks of their own: a reconcile never waits on a lock or a Job.
 
+use super::context::Context;
 use super::decide::{decide, Backfill, Observed, Plan, RunNow, StatusUpdate, ValidPlan};
+use super::error::Error;
 use super::events::{self, Reason};
 use super::jobs::is_running;
-use super::{run, Context, Error, FINALIZER};
+use super::names::FINALIZER;
+use super::run;
+use super::subject::Subject;
 use crate::api::{BackfillPhase, LockedJob, ANNOTATION_BACKFILL};
 use crate::schedule::TOO_MANY_MISSED;
 use jiff::Timestamp;
@@ -56,10 +60,10 @@ pub async fn reconcile(lj: Arc<LockedJob>, ctx: Arc<Context>) -> Result<Action, 
 /// supervisors see them go, release their locks and record the outcome); then kube removes
 /// the finalizer.
 async fn cleanup(lj: Arc<LockedJob>, ctx: Arc<Context>) -> Result<Action, Error> {
-    let namespace = lj.namespace().ok_or(Error::NoNamespace)?;
-    let seen = observe(&ctx, &lj).await?;
+    let subject = Subject::of(lj)?;
+    let seen = observe(&ctx, &subject).await?;
     let active: Vec<Job> = seen.jobs.into_iter().filter(is_running).collect();
-    run::stop_all(&ctx, &namespace, &active).await;
+    run::stop_all(&ctx, &subject.namespace, &active).await;
     tracing::info!("LockedJob deleted: its Jobs were stopped");
     Ok(Action::await_change())
 }
@@ -68,26 +72,26 @@ async fn apply(lj: Arc<LockedJob>, ctx: Arc<Context>) -> Result<Action, Error> {
     if ctx.shutdown.is_cancelled() {
         return Ok(Action::await_change());
     }
-    let namespace = lj.namespace().ok_or(Error::NoNamespace)?;
-    let seen = observe(&ctx, &lj).await?;
-    match decide(&lj, &seen) {
+    let subject = Subject::of(lj)?;
+    let seen = observe(&ctx, &subject).await?;
+    match decide(&subject.lj, &seen) {
         Plan::Invalid { message, report } => {
             if let Some(status) = report {
                 tracing::warn!(%message, "invalid spec");
-                Box::pin(write_status(&ctx, &lj, &namespace, status, false)).await?;
-                events::publish(&ctx, &lj, Reason::InvalidSpec, message);
+                Box::pin(write_status(&ctx, &subject, status, false)).await?;
+                events::publish(&ctx, &subject.lj, Reason::InvalidSpec, message);
             }
             Ok(Action::await_change())
         }
-        Plan::Valid(plan) => act(&ctx, &lj, &namespace, *plan, seen.jobs).await,
+        Plan::Valid(plan) => act(&ctx, &subject, *plan, seen.jobs).await,
     }
 }
 
 /// The LockedJob's Jobs (its label and owner reference) from the watch cache, and the rest of
 /// what `decide` needs.
-async fn observe(ctx: &Context, lj: &LockedJob) -> Result<Observed, Error> {
+async fn observe(ctx: &Context, subject: &Subject) -> Result<Observed, Error> {
     let jobs = ctx
-        .jobs_of(lj)
+        .jobs_of(subject)
         .await?
         .iter()
         .map(|j| Job::clone(j))
@@ -104,27 +108,26 @@ async fn observe(ctx: &Context, lj: &LockedJob) -> Result<Observed, Error> {
 
 async fn act(
     ctx: &Arc<Context>,
-    lj: &Arc<LockedJob>,
-    namespace: &str,
+    subject: &Subject,
     plan: ValidPlan,
     jobs: Vec<Job>,
 ) -> Result<Action, Error> {
+    let (lj, namespace) = (&subject.lj, subject.namespace.as_str());
     let spawn_run = |scheduled, kind| {
-        let run = run::start(
-            Arc::clone(ctx),
-            Arc::clone(lj),
-            Arc::clone(&plan.valid),
+        let run = run::Run {
+            subject: subject.clone(),
+            valid: Arc::clone(&plan.valid),
             scheduled,
             kind,
-        );
-        ctx.tasks.spawn(run);
+        };
+        ctx.tasks.spawn(run::start(Arc::clone(ctx), run));
     };
     match &plan.run_now {
         Some(RunNow::Requested(requested)) => spawn_run(*requested, run::RunKind::Manual),
         Some(RunNow::Refused { value, message }) => {
             tracing::warn!(%message, "invalid run-now request");
             events::publish(ctx, lj, Reason::InvalidRunNow, message.clone());
-            Box::pin(run::clear_run_now(ctx, lj, value)).await;
+            Box::pin(run::clear_run_now(ctx, subject, value)).await;
         }
         None => {}
     }
@@ -133,11 +136,17 @@ async fn act(
         Some(Backfill::Refused { value, message }) => {
             tracing::warn!(%message, "invalid backfill request");
             events::publish(ctx, lj, Reason::InvalidBackfill, message.clone());
-            Box::pin(run::clear_annotation(ctx, lj, ANNOTATION_BACKFILL, value)).await;
+            Box::pin(run::clear_annotation(
+                ctx,
+                subject,
+                ANNOTATION_BACKFILL,
+                value,
+            ))
+            .await;
         }
         None => {}
     }
-    check_orphans(ctx, lj, namespace, &plan, jobs);
+    check_orphans(ctx, subject, &plan, jobs);
     if let Some((scheduled, replace)) = &plan.start {
         if plan.missed_too_many {
             events::publish(ctx, lj, Reason::TooManyMissedTimes, format!(
@@ -155,7 +164,7 @@ async fn act(
             return Ok(Action::requeue(plan.requeue.min(wait)));
         }
         let backfill = status.backfill.clone();
-        if !Box::pin(write_status(ctx, lj, namespace, status, true)).await? {
+        if !Box::pin(write_status(ctx, subject, status, true)).await? {
             // Another replica wrote first: its version reaches us through the watch and
             // reconciles again anyway. Retrying at once made three replicas whose Job caches
             // lag each other fight over `active` (130 conflicts/s at 200 LockedJobs on a real
@@ -180,27 +189,21 @@ async fn act(
 /// Active Jobs nobody here supervises may have lost their holder: check each candidate (a TTL
 /// old, see `ValidPlan::orphan_candidates`) at most once per renew interval, or later when the
 /// last check saw the holder's value live on (`Runs::defer_orphan_check`).
-fn check_orphans(
-    ctx: &Arc<Context>,
-    lj: &Arc<LockedJob>,
-    namespace: &str,
-    plan: &ValidPlan,
-    jobs: Vec<Job>,
-) {
+fn check_orphans(ctx: &Arc<Context>, subject: &Subject, plan: &ValidPlan, jobs: Vec<Job>) {
     let now = Instant::now();
     let every = plan.valid.timing.renew_interval;
     for job in jobs
         .into_iter()
         .filter(|j| plan.orphan_candidates.contains(&j.name_any()))
     {
-        let key = (namespace.to_string(), job.name_any());
+        let key = (subject.namespace.clone(), job.name_any());
         if ctx.runs.is_supervised(&key) || !ctx.runs.orphan_check_due(&key, now, every) {
             continue;
         }
         let candidate = run::Candidate::of(&job);
         let check = run::check_orphan(
             Arc::clone(ctx),
-            Arc::clone(lj),
+            subject.clone(),
             Arc::clone(&plan.valid),
             candidate,
         );
@@ -241,8 +244,7 @@ fn delete_history(ctx: &Arc<Context>, namespace: &str, doomed: &[String]) {
 /// Returns false when another writer came first (409).
 async fn write_status(
     ctx: &Context,
-    lj: &LockedJob,
-    namespace: &str,
+    subject: &Subject,
     status: StatusUpdate,
     guarded: bool,
 ) -> Result<bool, Error> {
@@ -255,15 +257,11 @@ async fn write_status(
         patch["status"]["backfill"] = json!(backfill);
     }
     if guarded {
-        patch["metadata"] = json!({"resourceVersion": lj.resource_version()});
+        patch["metadata"] = json!({"resourceVersion": subject.lj.resource_version()});
     }
-    let api: Api<LockedJob> = Api::namespaced(ctx.client.clone(), namespace);
+    let api: Api<LockedJob> = subject.api(&ctx.client);
     match api
-        .patch_status(
-            &lj.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(patch),
-        )
+        .patch_status(&subject.name, &PatchParams::default(), &Patch::Merge(patch))
         .await
     {
         Ok(_) => Ok(true),

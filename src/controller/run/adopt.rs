@@ -2,13 +2,14 @@
 //! supervises may have lost its holder. Adopt it by acquiring the lock afresh; delete it if
 //! another cluster holds the lock; leave it if a replica of this cluster does.
 
+use super::super::context::Context;
 use super::super::events::{self, Reason};
 use super::super::jobs::{job_state, scheduled_time, JobState};
 use super::super::runs::JobKey;
-use super::super::Context;
+use super::super::subject::Subject;
 use super::report::{bounded, API_CALL_LIMIT};
 use super::supervise::{supervise, HeldRun};
-use crate::api::{LockedJob, ValidSpec, ANNOTATION_LOCK_VALUE};
+use crate::api::{ValidSpec, ANNOTATION_LOCK_VALUE};
 use crate::redlock::Lease;
 use jiff::Timestamp;
 use k8s_openapi::api::batch::v1::Job;
@@ -39,17 +40,17 @@ impl Candidate {
 
 pub async fn check_orphan(
     ctx: Arc<Context>,
-    lj: Arc<LockedJob>,
+    subject: Subject,
     valid: Arc<ValidSpec>,
     candidate: Candidate,
 ) {
-    let namespace = lj.namespace().unwrap_or_default();
+    let namespace = &subject.namespace;
     let Candidate {
         name: job_name,
         lock_value,
         scheduled,
     } = candidate;
-    let span = tracing::info_span!("adopt", namespace = %namespace, name = %lj.name_any(), lock = %valid.lock_name, job = %job_name, token = tracing::field::Empty);
+    let span = tracing::info_span!("adopt", namespace = %namespace, name = %subject.name, lock = %valid.lock_name, job = %job_name, token = tracing::field::Empty);
     let adopted = {
         let key = (namespace.clone(), job_name.clone());
         let Some(_checking) = ctx.runs.claim_job(&key) else {
@@ -59,7 +60,7 @@ pub async fn check_orphan(
             return;
         }
         // Boxed: most checks end at the hint above, and their tasks stay small.
-        Box::pin(try_adopt(&ctx, &lj, &valid, &job_name).instrument(span.clone())).await
+        Box::pin(try_adopt(&ctx, &subject, &valid, &job_name).instrument(span.clone())).await
     };
     if let Some(lease) = adopted {
         let run = HeldRun {
@@ -68,7 +69,7 @@ pub async fn check_orphan(
             timing: valid.timing,
             scheduled: scheduled.unwrap_or_else(Timestamp::now),
         };
-        Box::pin(supervise(ctx, lj, run).instrument(span)).await;
+        Box::pin(supervise(ctx, subject, run).instrument(span)).await;
     }
 }
 
@@ -115,11 +116,11 @@ fn of_cluster(holder_or_value: &str, cluster_id: &str) -> bool {
 /// another cluster's, adopt it by acquiring the lock afresh when nobody holds it.
 async fn try_adopt(
     ctx: &Context,
-    lj: &LockedJob,
+    subject: &Subject,
     valid: &ValidSpec,
     job_name: &str,
 ) -> Option<Lease> {
-    let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), &lj.namespace().unwrap_or_default());
+    let jobs: Api<Job> = subject.api(&ctx.client);
     match ctx.engine.current_holder(&valid.lock_name).await {
         Some(holder) if of_cluster(&holder, &ctx.cluster_id) => None,
         Some(holder) => {
@@ -133,7 +134,7 @@ async fn try_adopt(
                 "Job {job_name} deleted: lock {} is held by {holder}",
                 valid.lock_name
             );
-            events::publish(ctx, lj, Reason::OrphanDeleted, note);
+            events::publish(ctx, &subject.lj, Reason::OrphanDeleted, note);
             None
         }
         None => {
@@ -158,7 +159,7 @@ async fn try_adopt(
                 lease.holder(),
                 lease.token()
             );
-            events::publish(ctx, lj, Reason::Adopted, note);
+            events::publish(ctx, &subject.lj, Reason::Adopted, note);
             Some(lease)
         }
     }

@@ -1,20 +1,20 @@
 //! Stage 2 of a run: with the lock won, stop the Jobs `Replace` names, create the run's Job
 //! (retrying while the lease leaves room) and record the run in the LockedJob's status.
 
+use super::super::context::Context;
 use super::super::decide::backfill_status;
 use super::super::events::{self, Reason};
 use super::super::jobs::{build_job, Origin, RunIdentity};
-use super::super::{Context, MANAGER};
+use super::super::names::MANAGER;
 use super::acquire::acquire;
 use super::report::{active_after, bounded, clear_run_now, patch_status, record, API_CALL_LIMIT};
-use super::{NotStarted, RunKind};
-use crate::api::{BackfillPhase, LockedJob, RunOutcome, ValidSpec};
+use super::{NotStarted, Run, RunKind};
+use crate::api::{BackfillPhase, RunOutcome};
 use crate::metrics::RunResult;
 use crate::redlock::Lease;
 use jiff::Timestamp;
 use k8s_openapi::api::batch::v1::Job;
 use kube::api::{Api, DeleteParams, PostParams};
-use kube::ResourceExt;
 use serde_json::json;
 use std::time::Duration;
 use tokio::sync::SemaphorePermit;
@@ -25,24 +25,21 @@ pub(super) struct Launched {
     pub job_name: String,
 }
 
-/// Acquires the lock for `scheduled` (in the lock-attempt slot `attempt`) and creates the
+/// Acquires the lock for the run's time (in the lock-attempt slot `attempt`) and creates the
 /// run's Job.
 pub(super) async fn launch(
     ctx: &Context,
-    lj: &LockedJob,
-    valid: &ValidSpec,
-    scheduled: Timestamp,
-    kind: RunKind,
+    run: &Run,
     attempt: SemaphorePermit<'_>,
 ) -> Result<Launched, NotStarted> {
-    let origin = kind.origin();
     if ctx.shutdown.is_cancelled() {
         return Err(NotStarted::Failed);
     }
-    let lease = acquire(ctx, lj, valid, scheduled, &kind, attempt).await?;
+    let lease = acquire(ctx, run, attempt).await?;
     tracing::Span::current().record("token", lease.token());
-    let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), &lj.namespace().unwrap_or_default());
-    let replace: &[String] = match &kind {
+    let (subject, scheduled) = (&run.subject, run.scheduled);
+    let jobs: Api<Job> = subject.api(&ctx.client);
+    let replace: &[String] = match &run.kind {
         RunKind::Scheduled { replace } => replace,
         _ => &[],
     };
@@ -54,48 +51,36 @@ pub(super) async fn launch(
         )
         .await;
     }
-    let job_name = kind.job_name(valid, &lj.name_any(), scheduled);
+    let job_name = run.job_name();
     let job = build_job(
-        lj,
+        &subject.lj,
         &RunIdentity {
             job_name: &job_name,
             scheduled,
-            lock_name: &valid.lock_name,
+            lock_name: run.lock(),
             lock_value: lease.value(),
             holder: lease.holder(),
             token: lease.token(),
-            origin,
+            origin: run.kind.origin(),
         },
     );
     // The time is already recorded as started (phase 2), so nobody else will run it: keep
     // trying to create the Job while the lease leaves room, or it is lost.
     let created = create_job(&jobs, &job, &lease).await;
-    // Lag counts from the start the jitter gives the time (the time itself without jitter).
-    let start = valid.policy.start_of(scheduled);
-    if !report_created(
-        ctx,
-        lj,
-        &lease,
-        &job_name,
-        (scheduled, start),
-        origin,
-        &created,
-    )
-    .await
-    {
+    if !report_created(ctx, run, &lease, &job_name, &created).await {
         ctx.engine.release(&lease).await;
         return Err(NotStarted::Failed);
     }
     let mut status =
         json!({"lastRun": record(&lease, &job_name, scheduled, RunOutcome::Running, None)});
-    match &kind {
+    match &run.kind {
         // Done with the request: no replica may act on it again.
-        RunKind::Manual => clear_run_now(ctx, lj, &scheduled.to_string()).await,
+        RunKind::Manual => clear_run_now(ctx, subject, &scheduled.to_string()).await,
         RunKind::Scheduled { .. } => status["lastScheduleTime"] = json!(scheduled.to_string()),
         RunKind::Backfill(range) => {
             let progress = backfill_status(
                 range,
-                &valid.policy.schedule,
+                &run.valid.policy.schedule,
                 Some(scheduled),
                 BackfillPhase::Running,
             );
@@ -106,25 +91,27 @@ pub(super) async fn launch(
         Created::New(job) => Some(job.as_ref()),
         _ => None,
     };
-    if let Some(active) = active_after(ctx, lj, new_job, None).await {
+    if let Some(active) = active_after(ctx, subject, new_job, None).await {
         status["active"] = json!(active);
     }
-    patch_status(ctx, lj, status).await;
+    patch_status(ctx, subject, status).await;
     Ok(Launched { lease, job_name })
 }
 
 /// Logs, counts and publishes how the create went; false when there is no Job to supervise.
 async fn report_created(
     ctx: &Context,
-    lj: &LockedJob,
+    run: &Run,
     lease: &Lease,
     job_name: &str,
-    (scheduled, start): (Timestamp, Timestamp),
-    origin: Origin,
     created: &Created,
 ) -> bool {
+    let (lj, scheduled, origin) = (&run.subject.lj, run.scheduled, run.kind.origin());
     match created {
         Created::New(_) => {
+            // Lag counts from the start the jitter gives the time (the time itself without
+            // jitter).
+            let start = run.valid.policy.start_of(scheduled);
             let lag = (Timestamp::now() - start).get_milliseconds().max(0) as u64;
             if origin == Origin::Schedule {
                 ctx.metrics.record_schedule_lag(Duration::from_millis(lag));
@@ -154,7 +141,7 @@ async fn report_created(
             );
             events::publish(ctx, lj, Reason::CreateFailed, note);
             if origin == Origin::Manual {
-                clear_run_now(ctx, lj, &scheduled.to_string()).await;
+                clear_run_now(ctx, &run.subject, &scheduled.to_string()).await;
             }
             false
         }

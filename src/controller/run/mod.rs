@@ -11,14 +11,15 @@ mod supervise;
 pub use adopt::{check_orphan, Candidate};
 pub use report::{clear_annotation, clear_run_now, stop_all};
 
+use super::context::Context;
 use super::jobs::{backfill_job_name, job_name, manual_job_name, Origin};
 use super::runs::RunKey;
-use super::Context;
+use super::subject::Subject;
 use crate::api::{LockedJob, ValidSpec};
 use crate::redlock::StepHint;
 use crate::schedule::BackfillRange;
 use jiff::Timestamp;
-use kube::ResourceExt;
+use launch::Launched;
 use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -121,30 +122,50 @@ impl RunKind {
     }
 }
 
-/// Tries to run `lj` for `scheduled`: only the replica that wins the lock goes on.
-pub async fn start(
-    ctx: Arc<Context>,
-    lj: Arc<LockedJob>,
-    valid: Arc<ValidSpec>,
-    scheduled: Timestamp,
-    kind: RunKind,
-) {
-    let namespace = lj.namespace().unwrap_or_default();
-    let origin = kind.origin();
-    let manual = origin == Origin::Manual;
-    let name = lj.name_any();
-    let key: RunKey = (
-        namespace.clone(),
-        match origin {
+/// One run on its way through the stages: what it runs for, for which LockedJob.
+pub struct Run {
+    pub subject: Subject,
+    pub valid: Arc<ValidSpec>,
+    pub scheduled: Timestamp,
+    pub kind: RunKind,
+}
+
+impl Run {
+    fn lock(&self) -> &str {
+        &self.valid.lock_name
+    }
+
+    /// The name of this run's Job: the same in every replica of a cluster.
+    fn job_name(&self) -> String {
+        self.kind
+            .job_name(&self.valid, &self.subject.name, self.scheduled)
+    }
+
+    /// Who may start this run here at a time: one task per LockedJob, origin and time.
+    fn key(&self) -> RunKey {
+        let name = &self.subject.name;
+        let of = match self.kind.origin() {
             Origin::Schedule => name.clone(),
             Origin::Manual => format!("{name}#run-now"),
             Origin::Backfill => format!("{name}#backfill"),
-        },
-        scheduled.as_second(),
-    );
-    let last_run = last_run_tag(&lj);
-    let (ttl, timing) = (valid.timing.ttl, valid.timing);
-    let span = tracing::info_span!("run", namespace = %namespace, name = %name, lock = %valid.lock_name, scheduled = %scheduled, origin = ?origin, token = tracing::field::Empty);
+        };
+        (
+            self.subject.namespace.clone(),
+            of,
+            self.scheduled.as_second(),
+        )
+    }
+
+    fn span(&self) -> tracing::Span {
+        tracing::info_span!("run", namespace = %self.subject.namespace, name = %self.subject.name, lock = %self.lock(), scheduled = %self.scheduled, origin = ?self.kind.origin(), token = tracing::field::Empty)
+    }
+}
+
+/// Tries to start `run`: only the replica that wins the lock goes on, to supervise its Job.
+pub async fn start(ctx: Arc<Context>, run: Run) {
+    let key = run.key();
+    let last_run = last_run_tag(&run.subject.lj);
+    let span = run.span();
     let settled = &ctx.runs.settled;
     let launched = {
         let Some(_starting) = ctx.runs.claim_start(&key) else {
@@ -153,64 +174,22 @@ pub async fn start(
         if settled.holds(&key, Instant::now(), last_run) {
             return;
         }
-        // The LockedJob's last run is ours and still holds the lock (its Job has finished in
-        // the cache, and its supervisor, which looks every 500 ms, has not released yet):
-        // an attempt now would be refused by our own lease. Try again once that run's end
-        // shows in the status, as after `Contended`.
-        let previous = lj.status.as_ref().and_then(|s| s.last_run.as_ref());
-        if previous.is_some_and(|r| {
-            ctx.runs
-                .is_supervised(&(namespace.clone(), r.job_name.clone()))
-        }) {
-            span.in_scope(|| {
-                tracing::debug!("the last run still holds the lock here; trying again when it ends")
-            });
-            settled.set_until_changed(key, Instant::now() + ttl, last_run);
-            return;
-        }
-        let last_holder = previous.map(|r| r.holder.as_str());
-        let hold_back = HoldBack::decide(last_holder, &ctx.holder, manual);
-        if hold_back != HoldBack::No {
-            tokio::select! {
-                _ = ctx.shutdown.cancelled() => return,
-                _ = tokio::time::sleep(hold_back.pause(rand::random())) => {}
-            }
-        }
-        // Boxed, as the supervision below, and only once this task has a lock-attempt slot:
-        // the tasks waiting out their hold-back or for a slot (most of a minute's tasks at the
-        // top of the minute) then hold a small future, not every stage's state (10 KB a task,
-        // thousands of tasks at 1,000 LockedJobs).
-        let Ok(attempt) = ctx.lock_attempts.acquire().await else {
-            return; // Never closed.
-        };
-        // Looked at with the slot in hand, not before queueing for it: under load the queue
-        // takes seconds, in which the replica that went first has most often taken the lock.
-        let taken = match hold_back {
-            HoldBack::No => None,
-            _ => {
-                taken_elsewhere(&ctx, hold_back, &valid, &kind, &namespace, &name, scheduled)
-                    .instrument(span.clone())
-                    .await
-            }
-        };
-        match taken {
-            Some(outcome) => Err(outcome),
-            None => {
-                let launch = launch::launch(&ctx, &lj, &valid, scheduled, kind, attempt);
-                Box::pin(launch.instrument(span.clone())).await
-            }
+        match Box::pin(try_launch(&ctx, &run, last_run).instrument(span.clone())).await {
+            Some(launched) => launched,
+            None => return,
         }
     };
+    let ttl = run.valid.timing.ttl;
     match launched {
         Ok(launched) => {
             settled.set(key, Instant::now() + SETTLED);
-            let run = HeldRun {
+            let held = HeldRun {
                 job_name: launched.job_name,
                 lease: launched.lease,
-                timing,
-                scheduled,
+                timing: run.valid.timing,
+                scheduled: run.scheduled,
             };
-            Box::pin(supervise(Arc::clone(&ctx), lj, run).instrument(span)).await;
+            Box::pin(supervise(Arc::clone(&ctx), run.subject, held).instrument(span)).await;
         }
         // Someone holds the lock for this time: it runs there. Try again only once their
         // lease could have expired (they may have died before creating the Job).
@@ -230,6 +209,61 @@ pub async fn start(
     }
 }
 
+/// Holds back as `HoldBack` says, then, with a lock-attempt slot, tries for the lock and
+/// creates the Job. `None`: not tried (shutting down, or this replica's last run of the
+/// LockedJob still holds the lock).
+async fn try_launch(
+    ctx: &Context,
+    run: &Run,
+    last_run: u64,
+) -> Option<Result<Launched, NotStarted>> {
+    // The LockedJob's last run is ours and still holds the lock (its Job has finished in the
+    // cache, and its supervisor, which looks every 500 ms, has not released yet): an attempt
+    // now would be refused by our own lease. Try again once that run's end shows in the
+    // status, as after `Contended`.
+    let previous = run
+        .subject
+        .lj
+        .status
+        .as_ref()
+        .and_then(|s| s.last_run.as_ref());
+    let namespace = &run.subject.namespace;
+    if previous.is_some_and(|r| {
+        ctx.runs
+            .is_supervised(&(namespace.clone(), r.job_name.clone()))
+    }) {
+        tracing::debug!("the last run still holds the lock here; trying again when it ends");
+        let until = Instant::now() + run.valid.timing.ttl;
+        ctx.runs
+            .settled
+            .set_until_changed(run.key(), until, last_run);
+        return None;
+    }
+    let manual = matches!(run.kind, RunKind::Manual);
+    let hold_back = HoldBack::decide(previous.map(|r| r.holder.as_str()), &ctx.holder, manual);
+    if hold_back != HoldBack::No {
+        tokio::select! {
+            _ = ctx.shutdown.cancelled() => return None,
+            _ = tokio::time::sleep(hold_back.pause(rand::random())) => {}
+        }
+    }
+    // Only once this task has a lock-attempt slot does it go on: the tasks waiting out their
+    // hold-back or for a slot (most of a minute's tasks at the top of the minute) then hold a
+    // small future, not every stage's state (10 KB a task, thousands of tasks at 1,000
+    // LockedJobs); `start` boxes this future for the same reason.
+    let Ok(attempt) = ctx.lock_attempts.acquire().await else {
+        return None; // Never closed.
+    };
+    // Looked at with the slot in hand, not before queueing for it: under load the queue takes
+    // seconds, in which the replica that went first has most often taken the lock.
+    if hold_back != HoldBack::No {
+        if let Some(outcome) = taken_elsewhere(ctx, hold_back, run).await {
+            return Some(Err(outcome));
+        }
+    }
+    Some(launch::launch(ctx, run, attempt).await)
+}
+
 /// For a replica that held back: whether the time is already taken, by the cheapest words
 /// first. The Job's name is the same in every replica of this cluster: once it is in the
 /// cache, a winner took this time (`RunningElsewhere`). Not in the cache (yet: under load the
@@ -245,25 +279,20 @@ pub async fn start(
 /// nobody here may have won it (another cluster sharing the lock did), and the full attempt's
 /// `StepDone` is what records it in this cluster's status (`lastScheduleTime`, a backfill's
 /// progress). The replica named in `lastRun` records it otherwise.
-async fn taken_elsewhere(
-    ctx: &Context,
-    hold_back: HoldBack,
-    valid: &ValidSpec,
-    kind: &RunKind,
-    namespace: &str,
-    name: &str,
-    scheduled: Timestamp,
-) -> Option<NotStarted> {
-    let job = kind.job_name(valid, name, scheduled);
-    if ctx.cached_job(namespace, &job).is_some() {
+async fn taken_elsewhere(ctx: &Context, hold_back: HoldBack, run: &Run) -> Option<NotStarted> {
+    if ctx
+        .cached_job(&run.subject.namespace, &run.job_name())
+        .is_some()
+    {
         return Some(NotStarted::RunningElsewhere);
     }
     // A manual run has no step; it never holds back, so it does not come here.
-    let register = kind.step_register(&valid.lock_name)?;
+    let register = run.kind.step_register(run.lock())?;
     let node = rand::random::<u32>() as usize;
+    let step = step_of(run.scheduled);
     let hint = ctx
         .engine
-        .step_hint(&valid.lock_name, &register, step_of(scheduled), node)
+        .step_hint(run.lock(), &register, step, node)
         .await;
     match hint {
         StepHint::Started if hold_back == HoldBack::Spread => {
@@ -314,15 +343,17 @@ enum NotStarted {
 
 #[cfg(test)]
 mod tests {
-    use super::{step_of, taken_elsewhere, HoldBack, NotStarted, RunKind, HEAD_START};
+    use super::{step_of, taken_elsewhere, HoldBack, NotStarted, Run, RunKind, HEAD_START};
     use crate::api::validate;
     use crate::controller::jobs::job_name;
     use crate::controller::reconcile_tests::{api_server, context_on, locked_job};
+    use crate::controller::subject::Subject;
     use crate::lab::harness::{Persistence, RedisNodes};
     use crate::redlock::{Redlock, RedlockConfig};
     use jiff::Timestamp;
     use k8s_openapi::api::batch::v1::Job;
     use serde_json::json;
+    use std::sync::Arc;
     use std::time::Duration;
 
     /// What a replica that held back makes of a time, against real nodes: left alone when the
@@ -338,9 +369,6 @@ mod tests {
         let lock = valid.lock_name.clone();
         let scheduled = Timestamp::from_second(1_800_000_000).expect("time");
         let earlier = Timestamp::from_second(1_800_000_000 - 1).expect("time");
-        let kind = RunKind::Scheduled {
-            replace: Vec::new(),
-        };
         let (client, _) = api_server(Box::new(|_| (404, json!({}))));
         let ctx = context_on(client, Vec::new(), nodes.urls(), Duration::from_secs(2));
         let job: Job = serde_json::from_value(json!({"metadata": {
@@ -352,27 +380,35 @@ mod tests {
         config.holder = "other/r1".into();
         let other = Redlock::new(config).expect("engine");
         let ttl = Duration::from_secs(30);
-        let look = |ctx, hold_back| {
-            let (valid, kind) = (&valid, &kind);
-            async move {
-                taken_elsewhere(ctx, hold_back, valid, kind, "team-a", "report", scheduled).await
-            }
+        let run = Run {
+            subject: Subject::of(Arc::new(lj)).expect("a namespaced LockedJob"),
+            valid: Arc::new(valid),
+            scheduled,
+            kind: RunKind::Scheduled {
+                replace: Vec::new(),
+            },
         };
 
         // Nothing anywhere: try.
-        assert_eq!(look(&ctx, HeadStart).await, None);
-        assert_eq!(look(&ctx, Spread).await, None);
+        assert_eq!(taken_elsewhere(&ctx, HeadStart, &run).await, None);
+        assert_eq!(taken_elsewhere(&ctx, Spread, &run).await, None);
         // The Job is in the cache: its winner runs it.
         let elsewhere = Some(NotStarted::RunningElsewhere);
-        assert_eq!(look(&cached, HeadStart).await, elsewhere);
-        assert_eq!(look(&cached, Spread).await, elsewhere);
+        assert_eq!(taken_elsewhere(&cached, HeadStart, &run).await, elsewhere);
+        assert_eq!(taken_elsewhere(&cached, Spread, &run).await, elsewhere);
         // An earlier time's run holds the lock: wait for it.
         let held = other
             .try_acquire_step(&lock, ttl, step_of(earlier))
             .await
             .expect("another runner takes the lock");
-        assert_eq!(look(&ctx, HeadStart).await, Some(NotStarted::Contended));
-        assert_eq!(look(&ctx, Spread).await, Some(NotStarted::Contended));
+        assert_eq!(
+            taken_elsewhere(&ctx, HeadStart, &run).await,
+            Some(NotStarted::Contended)
+        );
+        assert_eq!(
+            taken_elsewhere(&ctx, Spread, &run).await,
+            Some(NotStarted::Contended)
+        );
         other.release(&held).await;
         // Another runner started this time and is done: skipped once this cluster has a last
         // run, tried before its first.
@@ -381,8 +417,8 @@ mod tests {
             .await
             .expect("another runner takes this time");
         other.release(&ran).await;
-        assert_eq!(look(&ctx, HeadStart).await, elsewhere);
-        assert_eq!(look(&ctx, Spread).await, None);
+        assert_eq!(taken_elsewhere(&ctx, HeadStart, &run).await, elsewhere);
+        assert_eq!(taken_elsewhere(&ctx, Spread, &run).await, None);
     }
 
     #[test]

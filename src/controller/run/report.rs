@@ -2,10 +2,11 @@
 //! conditions, the run-now annotation cleared, Jobs stopped. Every call is bounded: a run
 //! whose lease runs out must not wait on the API server past it.
 
+use super::super::context::Context;
 use super::super::decide::active_list;
 use super::super::jobs::is_running;
 use super::super::status::{set_condition, ConditionUpdate};
-use super::super::Context;
+use super::super::subject::Subject;
 use crate::api::{LockedJob, RunOutcome, RunRecord, ANNOTATION_RUN_NOW};
 use crate::redlock::Lease;
 use jiff::Timestamp;
@@ -40,13 +41,12 @@ pub(super) async fn bounded<T>(
 }
 
 /// Merge-patches the LockedJob's status.
-pub(super) async fn patch_status(ctx: &Context, lj: &LockedJob, status: serde_json::Value) {
-    let api: Api<LockedJob> =
-        Api::namespaced(ctx.client.clone(), &lj.namespace().unwrap_or_default());
+pub(super) async fn patch_status(ctx: &Context, subject: &Subject, status: serde_json::Value) {
+    let api: Api<LockedJob> = subject.api(&ctx.client);
     bounded(
         API_CALL_LIMIT,
         api.patch_status(
-            &lj.name_any(),
+            &subject.name,
             &PatchParams::default(),
             &Patch::Merge(json!({"status": status})),
         ),
@@ -60,11 +60,11 @@ pub(super) async fn patch_status(ctx: &Context, lj: &LockedJob, status: serde_js
 /// (`decide::ACTIVE_GRACE`). `None` when the cache cannot be read.
 pub(super) async fn active_after(
     ctx: &Context,
-    lj: &LockedJob,
+    subject: &Subject,
     started: Option<&Job>,
     ended: Option<&str>,
 ) -> Option<Vec<ObjectReference>> {
-    let cached = ctx.jobs_of(lj).await.ok()?;
+    let cached = ctx.jobs_of(subject).await.ok()?;
     let running = cached.iter().map(|j| j.as_ref()).filter(|j| is_running(j));
     Some(active_list(
         running
@@ -75,11 +75,14 @@ pub(super) async fn active_after(
 
 /// Read-modify-write of the conditions, guarded by resourceVersion, retried on conflict.
 /// (The update's generation is replaced by the current object's.)
-pub(super) async fn update_condition(ctx: &Context, lj: &LockedJob, update: ConditionUpdate<'_>) {
-    let api: Api<LockedJob> =
-        Api::namespaced(ctx.client.clone(), &lj.namespace().unwrap_or_default());
+pub(super) async fn update_condition(
+    ctx: &Context,
+    subject: &Subject,
+    update: ConditionUpdate<'_>,
+) {
+    let api: Api<LockedJob> = subject.api(&ctx.client);
     for _ in 0..5 {
-        let Some(current) = bounded(API_CALL_LIMIT, api.get(&lj.name_any())).await else {
+        let Some(current) = bounded(API_CALL_LIMIT, api.get(&subject.name)).await else {
             return;
         };
         let mut conditions = current.status.clone().unwrap_or_default().conditions;
@@ -91,11 +94,7 @@ pub(super) async fn update_condition(ctx: &Context, lj: &LockedJob, update: Cond
         let patch = json!({"metadata": {"resourceVersion": current.resource_version()}, "status": {"conditions": conditions}});
         match tokio::time::timeout(
             API_CALL_LIMIT,
-            api.patch_status(
-                &lj.name_any(),
-                &PatchParams::default(),
-                &Patch::Merge(patch),
-            ),
+            api.patch_status(&subject.name, &PatchParams::default(), &Patch::Merge(patch)),
         )
         .await
         {
@@ -126,14 +125,13 @@ pub(super) fn record(
 
 /// Removes the `lockedjob.dev/run-now` annotation if it still holds `value` (a newer request
 /// written meanwhile stays).
-pub async fn clear_run_now(ctx: &Context, lj: &LockedJob, value: &str) {
-    clear_annotation(ctx, lj, ANNOTATION_RUN_NOW, value).await;
+pub async fn clear_run_now(ctx: &Context, subject: &Subject, value: &str) {
+    clear_annotation(ctx, subject, ANNOTATION_RUN_NOW, value).await;
 }
 
 /// Removes annotation `key` if it still holds `value`.
-pub async fn clear_annotation(ctx: &Context, lj: &LockedJob, key: &str, value: &str) {
-    let api: Api<LockedJob> =
-        Api::namespaced(ctx.client.clone(), &lj.namespace().unwrap_or_default());
+pub async fn clear_annotation(ctx: &Context, subject: &Subject, key: &str, value: &str) {
+    let api: Api<LockedJob> = subject.api(&ctx.client);
     // JSON pointer escaping of the annotation key: '/' is '~1'.
     let path = format!(
         "/metadata/annotations/{}",
@@ -149,7 +147,7 @@ pub async fn clear_annotation(ctx: &Context, lj: &LockedJob, key: &str, value: &
     bounded(
         API_CALL_LIMIT,
         api.patch(
-            &lj.name_any(),
+            &subject.name,
             &PatchParams::default(),
             &Patch::<()>::Json(patch),
         ),

@@ -2,20 +2,20 @@
 //! (delete the Job before the deadline, unless another holder has it now), and record how the
 //! run ended (docs/design.md, "A run's life in the operator", 3 to 6).
 
+use super::super::context::Context;
 use super::super::events::{self, Reason};
 use super::super::jobs::{job_state, JobState};
 use super::super::status::{condition_is_true, ConditionUpdate};
-use super::super::Context;
+use super::super::subject::Subject;
 use super::report::{
     active_after, bounded, patch_status, record, update_condition, API_CALL_LIMIT,
 };
-use crate::api::{conditions, LockedJob, RunOutcome};
+use crate::api::{conditions, RunOutcome};
 use crate::metrics::RunResult;
 use crate::redlock::{Lease, LeaseTiming, Watchdog};
 use jiff::Timestamp;
 use k8s_openapi::api::batch::v1::Job;
 use kube::api::{Api, DeleteParams};
-use kube::ResourceExt;
 use serde_json::json;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -39,22 +39,22 @@ enum End {
 }
 
 /// Renews the lease while the Job runs; acts on lease loss; records the outcome.
-pub async fn supervise(ctx: Arc<Context>, lj: Arc<LockedJob>, run: HeldRun) {
-    let namespace = lj.namespace().unwrap_or_default();
+pub async fn supervise(ctx: Arc<Context>, subject: Subject, run: HeldRun) {
+    let namespace = &subject.namespace;
     let key = (namespace.clone(), run.job_name.clone());
     let Some(_supervising) = ctx.runs.claim_job(&key) else {
         tracing::debug!(job = %run.job_name, "already supervised here");
         return;
     };
-    let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), &namespace);
+    let jobs: Api<Job> = subject.api(&ctx.client);
     // Dropped on every path out of here, which ends its renewals.
     let watchdog = Watchdog::spawn(ctx.engine.clone(), run.lease.clone(), run.timing);
-    let end = watch_job(&ctx, &jobs, &namespace, &run.job_name, watchdog.lost()).await;
+    let end = watch_job(&ctx, &jobs, namespace, &run.job_name, watchdog.lost()).await;
     match end {
         End::LockLost => {
             let deadline = watchdog.status().deadline;
             let _ = watchdog.stop().await;
-            on_lock_lost(&ctx, &lj, &jobs, &run, deadline).await;
+            on_lock_lost(&ctx, &subject, &jobs, &run, deadline).await;
         }
         End::HandedOver => {
             // Release, so another replica acquires the lock afresh and adopts the Job.
@@ -72,11 +72,11 @@ pub async fn supervise(ctx: Arc<Context>, lj: Arc<LockedJob>, run: HeldRun) {
                 RunOutcome::Stopped,
                 message,
             );
-            patch_status(&ctx, &lj, json!({"lastRun": last})).await;
+            patch_status(&ctx, &subject, json!({"lastRun": last})).await;
         }
         End::Finished(state) => {
             let held = watchdog.release(&ctx.engine).await;
-            on_finished(&ctx, &lj, &run, state, held).await;
+            on_finished(&ctx, &subject, &run, state, held).await;
         }
     }
 }
@@ -118,7 +118,7 @@ async fn watch_job(
 /// otherwise nobody may run it without a lease: stop it before our deadline.
 async fn on_lock_lost(
     ctx: &Context,
-    lj: &LockedJob,
+    subject: &Subject,
     jobs: &Api<Job>,
     run: &HeldRun,
     deadline: Instant,
@@ -144,7 +144,7 @@ async fn on_lock_lost(
             format!("lease on {} lost (no Redis quorum renewed it); Job {job_name} deleted before the lease deadline", lease.name())
         }
     };
-    events::publish(ctx, lj, Reason::LockLost, message.clone());
+    events::publish(ctx, &subject.lj, Reason::LockLost, message.clone());
     let update = ConditionUpdate {
         kind: conditions::LOCK_LOST,
         status: true,
@@ -152,7 +152,7 @@ async fn on_lock_lost(
         message: &message,
         generation: None,
     };
-    update_condition(ctx, lj, update).await;
+    update_condition(ctx, subject, update).await;
     let last = record(
         lease,
         job_name,
@@ -160,10 +160,11 @@ async fn on_lock_lost(
         RunOutcome::LockLost,
         Some(message),
     );
-    patch_status(ctx, lj, json!({"lastRun": last})).await;
+    patch_status(ctx, subject, json!({"lastRun": last})).await;
 }
 
-async fn on_finished(ctx: &Context, lj: &LockedJob, run: &HeldRun, state: JobState, held: bool) {
+async fn on_finished(ctx: &Context, subject: &Subject, run: &HeldRun, state: JobState, held: bool) {
+    let lj = &subject.lj;
     let succeeded = state == JobState::Succeeded;
     let (outcome, result, reason) = if succeeded {
         (
@@ -183,10 +184,10 @@ async fn on_finished(ctx: &Context, lj: &LockedJob, run: &HeldRun, state: JobSta
     if succeeded {
         status["lastSuccessfulTime"] = json!(Timestamp::now().to_string());
     }
-    if let Some(active) = active_after(ctx, lj, None, Some(job_name)).await {
+    if let Some(active) = active_after(ctx, subject, None, Some(job_name)).await {
         status["active"] = json!(active);
     }
-    patch_status(ctx, lj, status).await;
+    patch_status(ctx, subject, status).await;
     let lock_lost_shown = lj
         .status
         .as_ref()
@@ -199,6 +200,6 @@ async fn on_finished(ctx: &Context, lj: &LockedJob, run: &HeldRun, state: JobSta
             message: "the last run kept its lease",
             generation: None,
         };
-        update_condition(ctx, lj, update).await;
+        update_condition(ctx, subject, update).await;
     }
 }

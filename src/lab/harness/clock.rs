@@ -7,7 +7,7 @@
 //! its initialisation calls `dlsym`, which allocates, which makes jemalloc read the clock,
 //! which re-enters libfaketime. The shim makes the system call itself and never allocates.
 
-use super::HarnessError;
+use super::error::HarnessError;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -3,7 +3,7 @@
 //! clock that can be moved while the server runs.
 
 use super::clock::SkewedClock;
-use super::{free_port, HarnessError};
+use super::error::{free_port, HarnessError};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use std::path::{Path, PathBuf};

@@ -1,7 +1,7 @@
 //! A fault-injecting TCP proxy on loopback, put between the engine and one Redis node.
 //! Runs on its own thread and runtime, so sync and async callers can use it alike.
 
-use super::HarnessError;
+use super::error::HarnessError;
 use std::net::SocketAddr;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
