@@ -16,6 +16,9 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+/// The operator's Jobs, a cache per watched scope (`None`: all namespaces).
+pub type JobCaches = Vec<(Option<String>, Store<Job>)>;
+
 /// Shared by every reconcile and run task of one replica.
 pub struct Context {
     pub client: Client,
@@ -30,7 +33,7 @@ pub struct Context {
     pub shutdown: CancellationToken,
     /// Watch caches of the operator's Jobs, one per watched scope (a namespace, or `None` for
     /// all): reconciles and supervisors read Jobs here instead of asking the API server.
-    pub job_caches: Vec<(Option<String>, Store<Job>)>,
+    pub job_caches: JobCaches,
     /// Bounds this replica's lock attempts in flight (renewals are not bounded here).
     pub lock_attempts: tokio::sync::Semaphore,
     /// Every task a reconcile starts (runs, adoptions, Events): shutdown waits for them, so a

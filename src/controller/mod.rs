@@ -19,7 +19,7 @@ mod runs;
 pub mod status;
 mod subject;
 
-use context::store_ready;
+use context::{store_ready, JobCaches};
 pub use context::{Context, MAX_LOCK_ATTEMPTS_IN_FLIGHT};
 pub use error::Error;
 pub use memory::return_large_allocations_to_the_system;
@@ -34,7 +34,7 @@ use futures::{FutureExt, StreamExt};
 use health::Health;
 use k8s_openapi::api::batch::v1::Job;
 use kube::runtime::controller::{self, Controller};
-use kube::runtime::reflector::{self, Store};
+use kube::runtime::reflector::{self, ReflectHandle, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client};
 use runs::Runs;
@@ -71,7 +71,7 @@ pub async fn run(args: OperatorArgs) -> i32 {
     let scopes = scopes(&args.namespaces);
     // Everything that runs beside the controllers; aborted when this returns.
     let mut background = JoinSet::new();
-    let job_caches = watch_jobs(&client, &scopes, &mut background);
+    let (job_caches, job_events) = watch_jobs(&client, &scopes, &mut background);
     let ctx = Arc::new(Context {
         client: client.clone(),
         engine,
@@ -97,7 +97,7 @@ pub async fn run(args: OperatorArgs) -> i32 {
     background.spawn(memory::trim_periodically());
     background.spawn(wait_for_shutdown(Arc::clone(&ctx)));
     let reconciles = reconciles_in_flight(args.api_concurrency);
-    let (controllers, stores) = controllers(&client, &scopes, &ctx, reconciles);
+    let (controllers, stores) = controllers(&client, &scopes, job_events, &ctx, reconciles);
     background.spawn(mark_synced(Arc::clone(&ctx), stores.clone()));
     tokio::select! {
         _ = futures::future::join_all(controllers) => {}
@@ -170,16 +170,24 @@ fn scopes(namespaces: &[String]) -> Vec<Option<String>> {
     }
 }
 
-/// One watch per scope feeds a cache of the operator's Jobs (the controller's own watch only
-/// triggers reconciles; kube-runtime keeps its store private).
+/// Job changes a scope's watch may have sent that its controller has not taken yet; the watch
+/// waits beyond that (the controller takes them as they come).
+const JOB_EVENTS_BUFFER: usize = 1024;
+
+/// One watch per scope feeds a cache of the operator's Jobs, which runs and reconciles read,
+/// and the scope's controller, which reconciles a Job's owner when the Job changes (a shared
+/// stream: one watch and one copy of each Job, not a second watch of the controller's own).
 fn watch_jobs(
     client: &Client,
     scopes: &[Option<String>],
     background: &mut JoinSet<()>,
-) -> Vec<(Option<String>, Store<Job>)> {
+) -> (JobCaches, Vec<ReflectHandle<Job>>) {
     let mut caches = Vec::new();
+    let mut events = Vec::new();
     for scope in scopes {
-        let (cache, writer) = reflector::store();
+        let (cache, writer) = reflector::store_shared(JOB_EVENTS_BUFFER);
+        let subscriber = writer.subscribe();
+        events.push(subscriber.expect("a writer made by store_shared has subscribers"));
         let watch = watcher(
             scoped_api::<Job>(client, scope),
             watcher::Config::default().labels(jobs::LABEL_LOCKED_JOB),
@@ -192,11 +200,11 @@ fn watch_jobs(
             job.spec = None;
             job.metadata.managed_fields = None;
         })
-        .reflect(writer);
+        .reflect_shared(writer);
         background.spawn(watch.for_each(|_| async {}));
         caches.push((scope.clone(), cache));
     }
-    caches
+    (caches, events)
 }
 
 /// Reconciles one controller runs at once. A reconcile makes at most a couple of API writes
@@ -214,12 +222,13 @@ type Reconciles = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>
 fn controllers(
     client: &Client,
     scopes: &[Option<String>],
+    job_events: Vec<ReflectHandle<Job>>,
     ctx: &Arc<Context>,
     concurrency: u16,
 ) -> (Vec<Reconciles>, Vec<Store<LockedJob>>) {
     let mut stores = Vec::new();
     let mut controllers = Vec::new();
-    for scope in scopes {
+    for (scope, job_events) in scopes.iter().zip(job_events) {
         let (store, writer) = reflector::store();
         let lockedjobs = watcher(
             scoped_api::<LockedJob>(client, scope),
@@ -233,10 +242,7 @@ fn controllers(
         .reflect(writer)
         .applied_objects();
         let controller = Controller::for_stream(lockedjobs, store)
-            .owns(
-                scoped_api::<Job>(client, scope),
-                watcher::Config::default().labels(jobs::LABEL_LOCKED_JOB),
-            )
+            .owns_shared_stream(job_events)
             .with_config(controller::Config::default().concurrency(concurrency));
         stores.push(controller.store());
         let shutdown = ctx.shutdown.clone();
