@@ -22,7 +22,7 @@ use std::time::Duration;
 use support::kubernetes::{
     client_for, create_namespace, delete_namespace, eventually, local_cluster,
 };
-use support::{lockedjob_bin, Persistence, Reap, RedisNodes, SetChecks};
+use support::{lockedjob_bin, NodeChecks, Persistence, Reap, RedisNodes, SetChecks};
 
 /// A kubeconfig that acts as ServiceAccount `account` of `namespace` (a token from the API).
 fn kubeconfig_of(
@@ -121,6 +121,27 @@ fn sidecar(
     port: u16,
     log: &Path,
 ) -> Child {
+    sidecar_with(
+        urls,
+        kubeconfig,
+        namespace,
+        pod,
+        port,
+        log,
+        &["--ttl", "3s"],
+    )
+}
+
+/// A sidecar with `extra` arguments (the TTL among them).
+fn sidecar_with(
+    urls: &[String],
+    kubeconfig: &Path,
+    namespace: &str,
+    pod: &str,
+    port: u16,
+    log: &Path,
+    extra: &[&str],
+) -> Child {
     Command::new(lockedjob_bin())
         .args(["elect", "writer", "--sidecar"])
         .args(["--leader-addr", &format!("127.0.0.1:{port}")])
@@ -133,7 +154,8 @@ fn sidecar(
             "--pod-namespace",
             namespace,
         ])
-        .args(["--ttl", "3s", "--retry-interval", "200ms"])
+        .args(["--retry-interval", "200ms"])
+        .args(extra)
         .env("KUBECONFIG", kubeconfig)
         .env("RUST_LOG", "info,kube=warn")
         .env_remove("LOCKEDJOB_REDIS_URLS")
@@ -147,6 +169,12 @@ fn sidecar(
 /// `default` ServiceAccount first, which the controller manager creates after the namespace
 /// (admission refuses pods until it exists).
 async fn gated_pod(pods: &Api<Pod>, name: &str) {
+    gated_pod_with(pods, name, json!([])).await
+}
+
+/// A gated pod with `init_containers` in its spec (the native sidecar whose status a test
+/// writes as the kubelet would).
+async fn gated_pod_with(pods: &Api<Pod>, name: &str, init_containers: serde_json::Value) {
     let namespace = pods.namespace().expect("a namespaced API").to_string();
     let accounts: Api<ServiceAccount> = Api::namespaced(pods.clone().into_client(), &namespace);
     assert!(
@@ -161,6 +189,7 @@ async fn gated_pod(pods: &Api<Pod>, name: &str) {
         "spec": {
             "schedulingGates": [{"name": "lockedjob.dev/test"}],
             "readinessGates": [{"conditionType": LEADER_CONDITION}],
+            "initContainers": init_containers,
             "containers": [{"name": "main", "image": "busybox:1.36", "command": ["sleep", "1000"]}],
         },
     });
@@ -318,6 +347,138 @@ async fn the_pod_condition_label_and_lease_follow_the_leader() {
         0,
         "leadership released"
     );
+    delete_namespace(&client, &namespace).await;
+}
+
+/// The native sidecar's status as the kubelet writes it: restarted once, its last instance
+/// terminated with `last_message`, its current one `state`.
+fn sidecar_status(state: serde_json::Value, last_message: &str) -> serde_json::Value {
+    json!({"status": {"initContainerStatuses": [{
+        "name": "leader", "image": "lockedjob:test", "imageID": "", "ready": true,
+        "restartCount": 1, "started": true, "state": state,
+        "lastState": {"terminated": {"exitCode": 137, "reason": "Error", "message": last_message}},
+    }]}})
+}
+
+/// Docs/design.md, "Failover when Kubernetes confirms the leader's end": once the pod's status
+/// shows the leader's sidecar terminated with the lock value it wrote into its termination
+/// message, the standby deletes that value and leads at once, long before the 30 s TTL. While
+/// the status shows the leader's container running, a value of an older instance in its last
+/// state frees nothing. (The test writes the status as the kubelet would; the pods are gated.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_reported_terminated_by_the_kubelet_is_replaced_before_its_ttl() {
+    use kube::api::{Patch, PatchParams};
+    let local = local_cluster("east").await;
+    let client = client_for(&local.kubeconfig()).await;
+    let namespace = create_namespace(&client, "elect-ended").await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
+    let sidecar_spec =
+        json!([{"name": "leader", "image": "lockedjob:test", "restartPolicy": "Always"}]);
+    gated_pod_with(&pods, "writer-a", sidecar_spec.clone()).await;
+    gated_pod_with(&pods, "writer-b", sidecar_spec).await;
+    let nodes = RedisNodes::start(3, Persistence::None).expect("start redis-server");
+    let dir = tempfile::tempdir().expect("dir");
+    apply_chart_rbac(local, &namespace, dir.path());
+    let kubeconfig = kubeconfig_of(local, &namespace, "lockedjob-elect", dir.path());
+    let log = |pod: &str| dir.path().join(format!("{pod}.log"));
+    let logs = || {
+        ["writer-a", "writer-b"]
+            .map(|pod| {
+                format!(
+                    "--- {pod}\n{}",
+                    std::fs::read_to_string(log(pod)).unwrap_or_default()
+                )
+            })
+            .join("\n")
+    };
+    // The kubelet makes each container instance an empty termination message file.
+    let message_file = |pod: &str| dir.path().join(format!("{pod}.termination-log"));
+    let mut reap = Reap(Vec::new());
+    for pod in ["writer-a", "writer-b"] {
+        std::fs::write(message_file(pod), "").expect("termination-log");
+        let file = message_file(pod).display().to_string();
+        let extra = ["--ttl", "30s", "--termination-message-path", file.as_str()];
+        let port = support::free_port();
+        reap.0.push(sidecar_with(
+            &nodes.urls(),
+            &kubeconfig,
+            &namespace,
+            pod,
+            port,
+            &log(pod),
+            &extra,
+        ));
+        let shown = if pod == "writer-a" {
+            leading()
+        } else {
+            not_leading()
+        };
+        assert!(
+            eventually(Duration::from_secs(20), || async {
+                marks(&pods, pod).await == shown
+            })
+            .await,
+            "{pod} never showed {shown:?}:\n{}",
+            logs()
+        );
+    }
+    let held = std::fs::read_to_string(message_file("writer-a")).expect("a's message");
+    let value = serde_json::from_str::<serde_json::Value>(&held).expect("JSON")["value"]
+        .as_str()
+        .expect("a lock value")
+        .to_string();
+    let lock_key = "lockedjob:lock:writer";
+    let stored = || nodes.nodes[0].get(lock_key);
+    assert_eq!(stored(), Some(value.clone()), "a's value is the lock's");
+
+    // a runs; its last instance (an older value) terminated: nothing may be freed.
+    let older = json!({"lock": "writer", "value": "ci/writer-a/an-older-instance"}).to_string();
+    let running = sidecar_status(
+        json!({"running": {"startedAt": "2026-01-01T00:00:00Z"}}),
+        &older,
+    );
+    pods.patch_status("writer-a", &PatchParams::default(), &Patch::Merge(running))
+        .await
+        .expect("a's status: running");
+    // b's watch sees it within moments; b attempts every 200 ms meanwhile.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        stored(),
+        Some(value.clone()),
+        "a live leader lost its lock:\n{}",
+        logs()
+    );
+    assert_eq!(marks(&pods, "writer-b").await, not_leading());
+
+    // a's sidecar dies; the kubelet reports it terminated with what its file held.
+    kill(Pid::from_raw(reap.0[0].id() as i32), Signal::SIGKILL).expect("kill -9 a");
+    let _ = reap.0[0].wait();
+    let terminated = json!({"terminated": {"exitCode": 137, "reason": "Error", "message": held}});
+    pods.patch_status(
+        "writer-a",
+        &PatchParams::default(),
+        &Patch::Merge(sidecar_status(terminated, &older)),
+    )
+    .await
+    .expect("a's status: terminated");
+    // Well within the TTL: without the shortcut b waits for a's 30 s lease to run out.
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            marks(&pods, "writer-b").await == leading()
+        })
+        .await,
+        "b did not take over before a's TTL:\n{}",
+        logs()
+    );
+    assert!(
+        std::fs::read_to_string(log("writer-b"))
+            .unwrap_or_default()
+            .contains("its lock value deleted"),
+        "{}",
+        logs()
+    );
+    let b_value = stored().expect("b holds the lock");
+    assert_ne!(b_value, value);
     delete_namespace(&client, &namespace).await;
 }
 

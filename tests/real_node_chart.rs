@@ -171,12 +171,19 @@ async fn wait_for_run(client: &kube::Client, ns: &str, accept: impl Fn(&Run) -> 
 /// The fence a Redis node holds for `lock` (none: it never voted for it), read straight from
 /// the node once it answers (a node loading its append-only file answers LOADING).
 async fn fence_on(addr: SocketAddr, password: &str, lock: &str) -> Option<u64> {
-    let read = || -> Result<Option<u64>, redis::RedisError> {
+    key_on(addr, password, &format!("lockedjob:fence:{lock}")).await
+}
+
+/// `GET key` on a Redis node as the chart's user, once the node answers.
+async fn key_on<T: redis::FromRedisValue + std::fmt::Debug>(
+    addr: SocketAddr,
+    password: &str,
+    key: &str,
+) -> Option<T> {
+    let read = || -> Result<Option<T>, redis::RedisError> {
         let client = redis::Client::open(format!("redis://lockedjob:{password}@{addr}/"))?;
         let mut connection = client.get_connection_with_timeout(Duration::from_secs(2))?;
-        redis::cmd("GET")
-            .arg(format!("lockedjob:fence:{lock}"))
-            .query(&mut connection)
+        redis::cmd("GET").arg(key).query(&mut connection)
     };
     let answer = poll(|| async { read().ok() }).await;
     answer.unwrap_or_else(|| panic!("{addr} never answered GET: {:?}", read()))
@@ -435,4 +442,167 @@ async fn the_charts_defaults_run_on_a_real_node_in_a_restricted_namespace() {
         .await
         .expect("jobs");
     assert!(jobs.items.len() >= all.len());
+
+    let elect_ns = restricted_namespace(&client, "writer").await;
+    the_example_leader_fails_over_when_its_sidecar_dies(cluster, &client, &ns, &elect_ns).await;
+}
+
+/// The pods of the leader-election example whose `lockedjob.dev/leader` condition is True.
+async fn leading_pods(pods: &Api<Pod>) -> Vec<String> {
+    let Ok(list) = pods.list(&ListParams::default().labels("app=writer")).await else {
+        return Vec::new();
+    };
+    list.items
+        .into_iter()
+        .filter(|pod| {
+            let conditions = pod.status.as_ref().and_then(|s| s.conditions.as_ref());
+            conditions.is_some_and(|c| {
+                c.iter()
+                    .any(|c| c.type_ == "lockedjob.dev/leader" && c.status == "True")
+            })
+        })
+        .map(|pod| pod.name_any())
+        .collect()
+}
+
+/// The host pid of the sidecar (`lockedjob elect ... --sidecar`) of pod `pod`: the nodes'
+/// containers are this host's processes.
+fn sidecar_pid(pod: &str) -> Option<i32> {
+    let wanted = format!("POD_NAME={pod}");
+    std::fs::read_dir("/proc")
+        .ok()?
+        .flatten()
+        .find_map(|entry| {
+            let pid: i32 = entry.file_name().to_str()?.parse().ok()?;
+            let cmdline = std::fs::read(entry.path().join("cmdline")).ok()?;
+            let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+            let sidecar =
+                args.iter().any(|a| *a == b"elect") && args.iter().any(|a| *a == b"--sidecar");
+            let environ = std::fs::read(entry.path().join("environ")).ok()?;
+            let of_pod = environ.split(|b| *b == 0).any(|v| v == wanted.as_bytes());
+            (sidecar && of_pod).then_some(pid)
+        })
+}
+
+/// The leader-election example (examples/leader-election/deployment.yaml) on the real node,
+/// with the chart's RBAC for it and the chart's Redis nodes: one of its two pods leads and is
+/// Ready. Its sidecar is killed with SIGKILL; the kubelet reports the container terminated with
+/// the lock value the sidecar wrote into its termination message, and the other pod takes over
+/// without waiting for the 15 s TTL (docs/design.md, "Failover when Kubernetes confirms the
+/// leader's end"): the kubelet's file, the restricted security context and the watch are all
+/// real here.
+async fn the_example_leader_fails_over_when_its_sidecar_dies(
+    cluster: &LocalCluster,
+    client: &kube::Client,
+    nodes_ns: &str,
+    ns: &str,
+) {
+    tool(
+        cluster,
+        "helm",
+        &[
+            "upgrade",
+            RELEASE,
+            "charts/lockedjob-operator",
+            "--namespace",
+            nodes_ns,
+            "--reuse-values",
+            "--set",
+            &format!("leaderElection.namespaces={{{ns}}}"),
+            "--wait",
+            "--timeout",
+            "5m",
+        ],
+    );
+    let auth = Api::<Secret>::namespaced(client.clone(), nodes_ns)
+        .get(&format!("{RELEASE}-lockedjob-operator-redis-auth"))
+        .await
+        .expect("the chart's Redis password");
+    let copy: Secret = serde_json::from_value(json!({
+        "metadata": {"name": "lockedjob-redis"},
+        "data": auth.data.clone(),
+    }))
+    .expect("secret");
+    Api::<Secret>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &copy)
+        .await
+        .expect("the example's Secret");
+    let example = std::fs::read_to_string(repo("examples/leader-election/deployment.yaml"))
+        .expect("the example")
+        .replace("namespace: demo", &format!("namespace: {ns}"))
+        .replace(".lockedjob.svc", &format!(".{nodes_ns}.svc"));
+    let dir = tempfile::tempdir().expect("dir");
+    let file = dir.path().join("leader.yaml");
+    std::fs::write(&file, example).expect("write the example");
+    tool(
+        cluster,
+        "kubectl",
+        &["apply", "-f", file.to_str().expect("utf-8 path")],
+    );
+
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let leader = poll(|| async {
+        let leading = leading_pods(&pods).await;
+        (leading.len() == 1).then(|| leading[0].clone())
+    })
+    .await
+    .expect("one of the example's pods leads");
+    // The lock's value on one of the chart's nodes: `{cluster}/{pod}/{random}`, new each term.
+    let password =
+        String::from_utf8(auth.data.expect("data")["password"].0.clone()).expect("utf-8");
+    let (_, ip) = pod_ip(
+        &Api::namespaced(client.clone(), nodes_ns),
+        &redis_pod(0),
+        None,
+    )
+    .await;
+    let node = SocketAddr::new(ip, 6379);
+    let key = "lockedjob:lock:demo-writer";
+    let held: String = key_on(node, &password, key)
+        .await
+        .expect("the leader's lock value");
+    assert!(
+        held.contains(&format!("/{leader}/")),
+        "{held} is not {leader}'s"
+    );
+
+    let pid = sidecar_pid(&leader).expect("the leader's sidecar process");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .expect("kill -9 the leader's sidecar");
+    let killed = Instant::now();
+    // The next term: the other pod, or the killed pod's restarted sidecar, holds the lock.
+    let next: String = poll(|| async {
+        let value: Option<String> = key_on(node, &password, key).await;
+        value.filter(|v| *v != held)
+    })
+    .await
+    .expect("a next leader");
+    let took = killed.elapsed();
+    // Whoever deleted the dead leader's value says so (usually the next leader: it tries again
+    // at once; the killed pod's restarted sidecar watches too).
+    let mut logs = String::new();
+    let names: Vec<String> = pods
+        .list(&ListParams::default().labels("app=writer"))
+        .await
+        .expect("the example's pods")
+        .items
+        .iter()
+        .map(|pod| pod.name_any())
+        .collect();
+    for pod in &names {
+        let params = LogParams {
+            container: Some("leader".into()),
+            ..LogParams::default()
+        };
+        let log = pods.logs(pod, &params).await.unwrap_or_default();
+        logs.push_str(&format!("--- {pod}\n{log}\n"));
+    }
+    assert!(
+        logs.contains("its lock value deleted"),
+        "the lock went to {next} after {took:?}, not through the kubelet's report:\n{logs}"
+    );
+    eprintln!("leader {leader}'s sidecar killed: {next} holds the lock after {took:?} (TTL 15 s)");
 }

@@ -632,6 +632,22 @@ impl Redlock {
         released
     }
 
+    /// Compare-and-delete of a holder's `value` of lock `name` on every node, for a holder known
+    /// to be dead (its process can no longer renew or act): the lock frees at once instead of
+    /// a TTL later. Deletes nothing where the lock has another value. Returns how many nodes
+    /// deleted it. Only safe when the holder is *confirmed* dead, not merely silent: a paused or
+    /// cut-off holder would keep acting while another holds the lock (docs/design.md,
+    /// "Failover when Kubernetes confirms the leader's end").
+    pub async fn release_dead_holder(&self, name: &str, value: &str) -> usize {
+        let (released, failures) = self
+            .release_value_except(&self.lock_key(name), value, &[])
+            .await;
+        if !failures.is_empty() {
+            tracing::warn!(lock = %name, failures = %Failures(&failures), "a dead holder's value could not be deleted everywhere; it stays there until its TTL runs out");
+        }
+        released
+    }
+
     /// Deletes `value` from every node not marked in `skip` (indexed by node; shorter means the
     /// rest are not skipped), including those that timed out: a SET may have landed even
     /// though its reply was lost.

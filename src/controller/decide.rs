@@ -114,9 +114,9 @@ pub struct ValidPlan {
     pub requeue: Duration,
 }
 
-pub fn decide(lj: &LockedJob, seen: &Observed) -> Plan {
-    let namespace = lj.namespace().unwrap_or_default();
-    match validate(&namespace, &lj.name_any(), &lj.spec) {
+/// The plan for `lj` (in `namespace`, which reconcile checked) given what was `seen`.
+pub fn decide(lj: &LockedJob, namespace: &str, seen: &Observed) -> Plan {
+    match validate(namespace, &lj.name_any(), &lj.spec) {
         Ok(valid) => Plan::Valid(Box::new(decide_valid(lj, seen, valid))),
         Err(errors) => decide_invalid(lj, seen.now, describe(&errors)),
     }
@@ -549,6 +549,7 @@ mod tests {
     fn healthy_conditions() -> Vec<Condition> {
         valid(decide(
             &locked_job(json!({})),
+            "team-a",
             &observed("2026-01-01T10:05:00Z", vec![], 3),
         ))
         .status
@@ -633,7 +634,7 @@ mod tests {
             ),
         ];
         for (what, extra, jobs, check) in table {
-            let plan = valid(decide(&locked_job(extra), &observed(at, jobs, 3)));
+            let plan = valid(decide(&locked_job(extra), "team-a", &observed(at, jobs, 3)));
             assert!(check(&plan), "{what}: {plan:#?}");
         }
     }
@@ -709,7 +710,7 @@ mod tests {
             ),
         ];
         for (what, lj, jobs, now, expected) in table {
-            let plan = valid(decide(&lj, &observed(now, jobs, 3)));
+            let plan = valid(decide(&lj, "team-a", &observed(now, jobs, 3)));
             let defer = plan
                 .status
                 .map(|s| s.defer.map(|d| d.as_secs_f64().round() as u64));
@@ -720,7 +721,11 @@ mod tests {
     #[test]
     fn status_is_written_when_it_changes_and_only_then() {
         let lj = locked_job(json!({}));
-        let first = valid(decide(&lj, &observed("2026-01-01T10:05:30Z", vec![], 3)));
+        let first = valid(decide(
+            &lj,
+            "team-a",
+            &observed("2026-01-01T10:05:30Z", vec![], 3),
+        ));
         let update = first.status.expect("a fresh object gets its conditions");
         let kinds: Vec<(&str, &str)> = update
             .conditions
@@ -741,12 +746,14 @@ mod tests {
             "conditions": update.conditions, "observedGeneration": 1}}));
         let again = valid(decide(
             &written,
+            "team-a",
             &observed("2026-01-01T10:06:30Z", vec![], 3),
         ));
         assert_eq!(again.status, None);
         // A node stops answering: RedisDegraded turns True.
         let degraded = valid(decide(
             &written,
+            "team-a",
             &observed("2026-01-01T10:06:30Z", vec![], 2),
         ));
         let conditions = degraded.status.expect("changed").conditions;
@@ -798,6 +805,7 @@ mod tests {
             let lj = locked_job(json!({"status": status}));
             let plan = valid(decide(
                 &lj,
+                "team-a",
                 &observed("2026-01-01T10:06:30Z", vec![], reachable),
             ));
             let written = plan.status.map(|update| {
@@ -816,14 +824,16 @@ mod tests {
     fn an_invalid_spec_is_reported_once_per_message_and_generation() {
         let bad = locked_job(json!({"spec": {"schedule": "61 * * * *"}}));
         let now = "2026-01-01T10:05:00Z";
-        let Plan::Invalid { message, report } = decide(&bad, &observed(now, vec![], 3)) else {
+        let Plan::Invalid { message, report } = decide(&bad, "team-a", &observed(now, vec![], 3))
+        else {
             panic!("invalid")
         };
         assert!(message.contains("spec.schedule"), "{message}");
         let report = report.expect("reported the first time");
         let reported = locked_job(json!({"spec": {"schedule": "61 * * * *"}, "status": {
             "conditions": report.conditions, "observedGeneration": 1}}));
-        let Plan::Invalid { report, .. } = decide(&reported, &observed(now, vec![], 3)) else {
+        let Plan::Invalid { report, .. } = decide(&reported, "team-a", &observed(now, vec![], 3))
+        else {
             panic!("still invalid")
         };
         assert_eq!(
@@ -837,14 +847,14 @@ mod tests {
         let at = "2026-01-01T10:05:30Z";
         let asked = locked_job(json!({"metadata": {"annotations": {
             "lockedjob.dev/run-now": "2026-01-01T10:05:20Z"}}}));
-        let plan = valid(decide(&asked, &observed(at, vec![], 3)));
+        let plan = valid(decide(&asked, "team-a", &observed(at, vec![], 3)));
         assert_eq!(
             plan.run_now,
             Some(RunNow::Requested(ts("2026-01-01T10:05:20Z")))
         );
         let garbled = locked_job(json!({"metadata": {"annotations": {
             "lockedjob.dev/run-now": "now please"}}}));
-        let plan = valid(decide(&garbled, &observed(at, vec![], 3)));
+        let plan = valid(decide(&garbled, "team-a", &observed(at, vec![], 3)));
         assert!(
             matches!(&plan.run_now, Some(RunNow::Refused { value, message })
                 if value == "now please" && message.contains("RFC 3339")),
@@ -976,7 +986,7 @@ mod tests {
             ),
         ];
         for (what, lj, jobs, expected_start, expected_status) in table {
-            let plan = valid(decide(&lj, &observed(now, jobs, 3)));
+            let plan = valid(decide(&lj, "team-a", &observed(now, jobs, 3)));
             assert_eq!(plan.backfill, expected_start, "{what}");
             assert_eq!(phase(&plan.status), expected_status, "{what}");
         }
@@ -998,6 +1008,7 @@ mod tests {
         ] {
             let plan = valid(decide(
                 &lj(Some(value), json!(null)),
+                "team-a",
                 &observed(now, vec![], 3),
             ));
             assert!(
@@ -1010,7 +1021,7 @@ mod tests {
         // Not suspended, with a scheduled time due: the schedule goes first.
         let due =
             locked_job(json!({"metadata": {"annotations": {"lockedjob.dev/backfill": range}}}));
-        let plan = valid(decide(&due, &observed(now, vec![], 3)));
+        let plan = valid(decide(&due, "team-a", &observed(now, vec![], 3)));
         assert!(
             plan.start.is_some() && plan.backfill.is_none(),
             "{:?}",

@@ -74,7 +74,7 @@ async fn apply(lj: Arc<LockedJob>, ctx: Arc<Context>) -> Result<Action, Error> {
     }
     let subject = Subject::of(lj)?;
     let seen = observe(&ctx, &subject).await?;
-    match decide(&subject.lj, &seen) {
+    match decide(&subject.lj, &subject.namespace, &seen) {
         Plan::Invalid { message, report } => {
             if let Some(status) = report {
                 tracing::warn!(%message, "invalid spec");

@@ -5,10 +5,16 @@
 //! leads. These are mirrors: the Redis lock stays the authority, and the workload checks its
 //! token, not the label.
 
+use super::ended::ended_holders;
+use futures::StreamExt;
+use k8s_openapi::api::authorization::v1::SelfSubjectAccessReview;
 use k8s_openapi::api::coordination::v1::Lease as KubeLease;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{watcher, WatchStreamExt};
 use serde_json::json;
+use tokio_util::task::AbortOnDropHandle;
 
 /// The pod condition a `readinessGate` names.
 pub const LEADER_CONDITION: &str = "lockedjob.dev/leader";
@@ -17,6 +23,9 @@ pub const LEADER_LABEL: &str = "lockedjob.dev/leader";
 /// The annotation naming the lock a pod's leader label is for: a new leader clears the label
 /// only on pods of its own election.
 pub const LEADER_LOCK_ANNOTATION: &str = "lockedjob.dev/leader-lock";
+/// The label on every pod of an election (its lock name as a label value), kept while the pod
+/// lives: candidates watch these pods for a leader whose container has terminated.
+pub const ELECTION_LABEL: &str = "lockedjob.dev/election";
 const FIELD_MANAGER: &str = "lockedjob-elect";
 
 #[derive(Debug, thiserror::Error)]
@@ -40,12 +49,14 @@ pub enum MirrorError {
 
 /// The pod this sidecar runs in, and the Lease that mirrors the election.
 pub struct PodMirror {
+    client: kube::Client,
     pods: Api<Pod>,
     leases: Api<KubeLease>,
     namespace: String,
     pod: String,
     lock: String,
     lease: String,
+    election: String,
 }
 
 impl PodMirror {
@@ -55,12 +66,66 @@ impl PodMirror {
             .map_err(|e| MirrorError::Client(e.to_string()))?;
         Ok(Self {
             pods: Api::namespaced(client.clone(), namespace),
-            leases: Api::namespaced(client, namespace),
+            leases: Api::namespaced(client.clone(), namespace),
+            client,
             namespace: namespace.to_string(),
             pod: pod.to_string(),
             lock: lock.to_string(),
             lease: lease_name(lock),
+            election: election_label(lock),
         })
+    }
+
+    /// Watches the election's pods (its label) for leaders whose container has terminated.
+    /// Checks the right to watch first: without it a watch would only retry in silence.
+    pub async fn watch_ended_leaders(&self) -> Result<EndedLeaders, MirrorError> {
+        self.check_allowed("watch", "pods").await?;
+        let (store, writer) = reflector::store();
+        let config =
+            watcher::Config::default().labels(&format!("{ELECTION_LABEL}={}", self.election));
+        let pods = watcher(self.pods.clone(), config)
+            .default_backoff()
+            // Only the statuses are read.
+            .modify(|pod| {
+                pod.spec = None;
+                pod.metadata.managed_fields = None;
+            })
+            .reflect(writer)
+            .for_each(|event| async move {
+                if let Err(e) = event {
+                    tracing::warn!(error = %e, "watching the election's pods failed; retrying");
+                }
+            });
+        Ok(EndedLeaders {
+            store,
+            lock: self.lock.clone(),
+            _watch: AbortOnDropHandle::new(tokio::spawn(pods)),
+        })
+    }
+
+    /// Asks the API server whether this ServiceAccount may `verb` `resource` here.
+    async fn check_allowed(
+        &self,
+        verb: &'static str,
+        resource: &'static str,
+    ) -> Result<(), MirrorError> {
+        let review: SelfSubjectAccessReview = serde_json::from_value(json!({
+            "spec": {"resourceAttributes": {"namespace": self.namespace, "verb": verb, "resource": resource}}
+        }))
+        .unwrap_or_default();
+        let reviews: Api<SelfSubjectAccessReview> = Api::all(self.client.clone());
+        let answer = reviews
+            .create(&PostParams::default(), &review)
+            .await
+            .map_err(|e| self.error("create", "selfsubjectaccessreviews", e))?;
+        match answer.status {
+            Some(status) if status.allowed => Ok(()),
+            _ => Err(MirrorError::Forbidden {
+                verb,
+                resource,
+                namespace: self.namespace.clone(),
+            }),
+        }
     }
 
     /// This pod does not lead: condition False, label and annotation off. Called before a
@@ -123,7 +188,7 @@ impl PodMirror {
             (serde_json::Value::Null, serde_json::Value::Null)
         };
         let patch = json!({"metadata": {
-            "labels": {LEADER_LABEL: label},
+            "labels": {LEADER_LABEL: label, ELECTION_LABEL: self.election},
             "annotations": {LEADER_LOCK_ANNOTATION: lock},
         }});
         self.pods
@@ -217,6 +282,60 @@ impl PodMirror {
     }
 }
 
+/// The election's pods, watched: which of them show a leader's container terminated.
+pub struct EndedLeaders {
+    store: Store<Pod>,
+    lock: String,
+    _watch: AbortOnDropHandle<()>,
+}
+
+impl EndedLeaders {
+    /// `(pod, lock value)` of every container instance of the election's pods that the kubelet
+    /// reports terminated while it held the lock.
+    pub fn values(&self) -> Vec<(String, String)> {
+        self.store
+            .state()
+            .iter()
+            .filter_map(|pod| Some((pod.metadata.name.clone()?, pod.status.as_ref()?)))
+            .flat_map(|(name, status)| {
+                ended_holders(status, &self.lock)
+                    .into_iter()
+                    .map(move |value| (name.clone(), value))
+            })
+            .collect()
+    }
+}
+
+/// The election's label value: the lock name as a label value (63 characters at most, letters,
+/// digits, `-`, `_`, `.`, starting and ending with a letter or digit). Two locks may share one;
+/// the lock name in a termination message tells them apart.
+pub fn election_label(lock: &str) -> String {
+    let body: String = lock
+        .chars()
+        .map(|c| match c {
+            'a'..='z' | 'A'..='Z' | '0'..='9' | '-' | '_' | '.' => c,
+            _ => '-',
+        })
+        .collect();
+    let trimmed = |s: &str| {
+        s.trim_matches(|c: char| !c.is_ascii_alphanumeric())
+            .to_string()
+    };
+    let label = trimmed(&body);
+    if !label.is_empty() && label.len() <= 63 {
+        return label;
+    }
+    // Too long (or nothing left): a prefix and a hash of the whole name.
+    use std::hash::Hasher;
+    let mut hash = fnv::FnvHasher::default();
+    hash.write(lock.as_bytes());
+    let prefix = trimmed(&label.chars().take(50).collect::<String>());
+    trimmed(&format!(
+        "{prefix}-{:012x}",
+        hash.finish() & 0xffff_ffff_ffff
+    ))
+}
+
 /// The Lease's name: the lock name as a DNS subdomain (lowercase; anything else becomes `-`),
 /// prefixed so that it cannot clash with another component's Lease.
 pub fn lease_name(lock: &str) -> String {
@@ -246,6 +365,33 @@ fn now_rfc3339() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn election_labels_are_label_values() {
+        let long = "x".repeat(80);
+        // (lock, label)
+        let table = [
+            ("demo-writer", "demo-writer".to_string()),
+            ("team/Writer 1", "team-Writer-1".to_string()),
+            ("-/edge/-", "edge".to_string()),
+        ];
+        for (lock, expected) in table {
+            assert_eq!(election_label(lock), expected, "{lock}");
+        }
+        for lock in [long.as_str(), "///", ""] {
+            let label = election_label(lock);
+            assert!(label.len() <= 63 && !label.is_empty(), "{lock}: {label}");
+            assert!(
+                label.starts_with(|c: char| c.is_ascii_alphanumeric()),
+                "{label}"
+            );
+            assert!(
+                label.ends_with(|c: char| c.is_ascii_alphanumeric()),
+                "{label}"
+            );
+        }
+        assert_ne!(election_label(&long), election_label(&"x".repeat(81)));
+    }
 
     #[test]
     fn lease_names_are_dns_subdomains() {

@@ -10,12 +10,17 @@
 //! waits up to `--wait`) and exits 76 when the lease is lost; `elect` campaigns without end,
 //! and after a lost lease stops the command and campaigns again.
 
+mod ended;
 mod kubernetes;
 mod metrics;
 mod observe;
 mod token_file;
 
-pub use kubernetes::{lease_name, LEADER_CONDITION, LEADER_LABEL, LEADER_LOCK_ANNOTATION};
+pub use ended::HeldValue;
+pub use kubernetes::{
+    election_label, lease_name, ELECTION_LABEL, LEADER_CONDITION, LEADER_LABEL,
+    LEADER_LOCK_ANNOTATION,
+};
 pub use observe::Observed;
 pub use token_file::LeaderRecord;
 
@@ -26,9 +31,11 @@ use crate::http::Reply;
 use crate::metrics::Metrics;
 use crate::options::{parse_duration, RedisOptions};
 use crate::redlock::{Lease, LeaseTiming, LockError, Redlock, Watchdog};
+use ended::TerminationMessage;
 use jiff::Timestamp;
-use kubernetes::PodMirror;
+use kubernetes::{EndedLeaders, PodMirror};
 use metrics::ElectionMetrics;
+use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -73,6 +80,16 @@ pub struct ElectArgs {
     /// own containers should ask.
     #[arg(long, env = "LOCKEDJOB_LEADER_ADDR", default_value = "127.0.0.1:8087")]
     pub leader_addr: SocketAddr,
+    /// The sidecar container's termination message file (its `terminationMessagePath`): while
+    /// leading, the sidecar writes its lock value there, so that when the container dies the
+    /// kubelet's report lets a candidate take over at once (docs/design.md, "Failover when
+    /// Kubernetes confirms the leader's end"). Written only if the kubelet made it.
+    #[arg(
+        long,
+        env = "LOCKEDJOB_TERMINATION_MESSAGE_PATH",
+        default_value = "/dev/termination-log"
+    )]
+    pub termination_message_path: PathBuf,
     /// Print a line each time the leader changes, instead of campaigning.
     #[arg(long, conflicts_with_all = ["command", "token_file", "sidecar"])]
     pub observe: bool,
@@ -175,11 +192,23 @@ async fn run_sidecar(
             return exit::USAGE;
         }
     };
+    let ended = match &mirror {
+        Some(mirror) => match mirror.watch_ended_leaders().await {
+            Ok(ended) => Some(ended),
+            Err(e) => {
+                eprintln!("lockedjob elect: {e}");
+                return exit::USAGE;
+            }
+        },
+        None => None,
+    };
     let sidecar = Sidecar {
         engine,
         timing,
         token_file,
+        termination: TerminationMessage::new(&args.termination_message_path),
         mirror,
+        ended,
         shown,
         election,
     };
@@ -239,7 +268,7 @@ async fn lead_while_elected(
         timing,
     };
     loop {
-        let lease = match elected(&engine, &args, timing.ttl, &mut signals).await {
+        let lease = match elected(&engine, &args, timing.ttl, None, &mut signals).await {
             Ok(lease) => lease,
             Err(NotElected::Signal(kind)) => return 128 + kind.as_raw_value(),
             Err(NotElected::Config) => return exit::USAGE,
@@ -281,7 +310,11 @@ struct Sidecar {
     engine: Redlock,
     timing: LeaseTiming,
     token_file: Option<TokenFile>,
+    /// Names the lock value while leading, for the kubelet to report if the container dies.
+    termination: TerminationMessage,
     mirror: Option<PodMirror>,
+    /// The election's pods whose leader's container ended (with the pod mirror only).
+    ended: Option<EndedLeaders>,
     /// What `GET /leader` answers: the record while leading.
     shown: watch::Sender<Option<LeaderRecord>>,
     election: Arc<ElectionMetrics>,
@@ -303,11 +336,13 @@ impl Sidecar {
     async fn run(&self, args: &ElectArgs) -> i32 {
         let mut signals = Signals::watch();
         loop {
-            let lease = match elected(&self.engine, args, self.timing.ttl, &mut signals).await {
-                Ok(lease) => lease,
-                Err(NotElected::Signal(_)) => return 0,
-                Err(NotElected::Config) => return exit::USAGE,
-            };
+            let ended = self.ended.as_ref();
+            let lease =
+                match elected(&self.engine, args, self.timing.ttl, ended, &mut signals).await {
+                    Ok(lease) => lease,
+                    Err(NotElected::Signal(_)) => return 0,
+                    Err(NotElected::Config) => return exit::USAGE,
+                };
             let stopped = self.hold(lease, &mut signals).await;
             if stopped {
                 return 0;
@@ -322,6 +357,10 @@ impl Sidecar {
     /// releases the lock either way.
     async fn hold(&self, lease: Lease, signals: &mut Signals) -> bool {
         let watchdog = Watchdog::spawn(self.engine.clone(), lease.clone(), self.timing);
+        self.termination.hold(&HeldValue {
+            lock: lease.name().to_string(),
+            value: lease.value().to_string(),
+        });
         let lost = watchdog.lost();
         let mut deadlines = watchdog.subscribe();
         let mut shown = watchdog.status();
@@ -340,6 +379,7 @@ impl Sidecar {
         };
         self.election.stepped_down(!stopped);
         self.show(&lease, LeaseEvent::Lost, false).await;
+        self.termination.clear();
         watchdog.release(&self.engine).await;
         stopped
     }
@@ -401,10 +441,11 @@ async fn elected(
     engine: &Redlock,
     args: &ElectArgs,
     ttl: Duration,
+    ended: Option<&EndedLeaders>,
     signals: &mut Signals,
 ) -> Result<Lease, NotElected> {
     let lease = tokio::select! {
-        lease = campaign(engine, &args.lock, ttl, args.retry_interval) => lease,
+        lease = campaign(engine, &args.lock, ttl, args.retry_interval, ended) => lease,
         kind = signals.next() => {
             tracing::info!(signal = kind.as_raw_value(), "stopped while campaigning");
             return Err(NotElected::Signal(kind));
@@ -424,14 +465,18 @@ async fn elected(
 }
 
 /// Tries for the lock every `retry_interval` (±20%) until it is ours. Logs when the reason it
-/// is not changes, not on every attempt. Only a configuration error ends the campaign.
+/// is not changes, not on every attempt. Only a configuration error ends the campaign. While
+/// another holds the lock, a holder whose end Kubernetes confirmed (`ended`) has its value
+/// deleted, and the next attempt comes at once.
 async fn campaign(
     engine: &Redlock,
     lock: &str,
     ttl: Duration,
     retry_interval: Duration,
+    ended: Option<&EndedLeaders>,
 ) -> Result<Lease, LockError> {
     let mut last_refusal = None;
+    let mut released = HashSet::new();
     loop {
         match engine.try_acquire(lock, ttl).await {
             Ok(lease) => return Ok(lease),
@@ -442,8 +487,39 @@ async fn campaign(
                     tracing::info!(reason = %e, "not leader; campaigning");
                     last_refusal = Some(refusal);
                 }
+                let freed = match ended {
+                    Some(ended) if e.is_contended() => {
+                        release_ended(engine, lock, ended, &mut released).await
+                    }
+                    _ => false,
+                };
+                if freed {
+                    continue;
+                }
             }
         }
         tokio::time::sleep(retry_interval.mul_f64(0.8 + 0.4 * rand::random::<f64>())).await;
     }
+}
+
+/// Deletes the lock values of leaders whose container the kubelet reports terminated, each
+/// once (`released` remembers them). True when a node deleted one: the lock may be free now.
+async fn release_ended(
+    engine: &Redlock,
+    lock: &str,
+    ended: &EndedLeaders,
+    released: &mut HashSet<String>,
+) -> bool {
+    let mut freed = false;
+    for (pod, value) in ended.values() {
+        if !released.insert(value.clone()) {
+            continue;
+        }
+        let nodes = engine.release_dead_holder(lock, &value).await;
+        if nodes > 0 {
+            tracing::info!(%pod, nodes, "the leader's container has terminated (the kubelet reports it): its lock value deleted, taking over without waiting for the TTL");
+            freed = true;
+        }
+    }
+    freed
 }
