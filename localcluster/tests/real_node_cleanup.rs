@@ -21,6 +21,9 @@ struct HostState {
     routes: String,
     kernel_settings: Vec<String>,
     fixed_paths: Vec<(String, bool)>,
+    /// What /run, /var/lib, /var/log, /etc and /opt hold: components write to fixed host paths
+    /// beyond those above (containerd's NRI socket in /run/nri was found this way).
+    host_dirs: Vec<String>,
     node_mounts: Vec<String>,
     node_cgroups: Vec<String>,
     shims: usize,
@@ -87,6 +90,19 @@ fn host_state() -> HostState {
     .iter()
     .map(|p| (p.to_string(), std::path::Path::new(p).exists()))
     .collect();
+    let host_dirs = ["/run", "/var/lib", "/var/log", "/etc", "/opt"]
+        .iter()
+        .flat_map(|dir| {
+            let mut names: Vec<String> = std::fs::read_dir(dir)
+                .into_iter()
+                .flatten()
+                .flatten()
+                .map(|e| format!("{dir}/{}", e.file_name().to_string_lossy()))
+                .collect();
+            names.sort();
+            names
+        })
+        .collect();
     let node_mounts = std::fs::read_to_string("/proc/self/mountinfo")
         .unwrap_or_default()
         .lines()
@@ -108,6 +124,7 @@ fn host_state() -> HostState {
         routes: command_text("ip", &["route"]),
         kernel_settings,
         fixed_paths,
+        host_dirs,
         node_mounts,
         node_cgroups,
         shims: shims(),

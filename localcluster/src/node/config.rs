@@ -26,7 +26,7 @@ pub const PAUSE_IMAGE: &str = "localcluster.local/pause:1";
 
 /// containerd: CRI with runc, the CNI bridge below, and `restrict_oom_score_adj` because this
 /// machine takes CAP_SYS_RESOURCE from every process (runc could not set a container's
-/// oom_score_adj below its own and failed every sandbox).
+/// oom_score_adj below its own and failed every sandbox). Nothing at a fixed host path.
 pub fn containerd(paths: &NodePaths) -> String {
     let dir = paths.dir.display();
     let state = paths.state.display();
@@ -74,6 +74,11 @@ imports = []
 
 [plugins.'io.containerd.shim.v1.manager']
   socket_dir = '{state}/s'
+
+# NRI's socket is a fixed host path (/var/run/nri/nri.sock): every node would bind the same
+# one (all but the first failed to start) and it stayed behind. No NRI plugin is used here.
+[plugins.'io.containerd.nri.v1.nri']
+  disable = true
 "#,
     )
 }
