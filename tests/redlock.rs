@@ -155,6 +155,12 @@ async fn hung_node_costs_about_one_timeout_not_seconds() {
         .filter(|f| f.kind == NodeErrorKind::Timeout)
         .count();
     assert_eq!(timeouts, 2, "{err}");
+    // The per-node figures say which nodes were slow, and how.
+    let labels = client.node_labels();
+    assert_eq!(node_requests(&client, &labels[0], "acquire", "timeout"), 1);
+    assert_eq!(node_requests(&client, &labels[2], "acquire", "timeout"), 1);
+    assert_eq!(node_requests(&client, &labels[1], "acquire", "timeout"), 0);
+    assert_eq!(node_requests(&client, &labels[1], "acquire", "ok"), 2, "warm-up and this one");
     // Phase 1 and the release after it each wait one 200 ms timeout. The bound is loose on
     // purpose (a loaded machine); an unbounded client would hang here until the node resumed.
     assert!(took < 2 * SECOND, "took {took:?}");
@@ -855,6 +861,21 @@ async fn keys_of_the_wrong_type_or_value_fail_the_attempt_instead_of_issuing_a_t
 /// Node requests of one kind an engine has made: `lockedjob_redis_requests_total{op}`.
 fn requests(engine: &Redlock, op: &str) -> u64 {
     let series = format!("lockedjob_redis_requests_total{{op=\"{op}\"}}");
+    engine
+        .metrics()
+        .render()
+        .lines()
+        .find(|line| line.starts_with(&series))
+        .and_then(|line| line.rsplit(' ').next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Requests to one node for `op` that ended as `result`:
+/// `lockedjob_redis_request_duration_seconds_count{node, op, result}`.
+fn node_requests(engine: &Redlock, node: &str, op: &str, result: &str) -> u64 {
+    let series = format!(
+        "lockedjob_redis_request_duration_seconds_count{{node=\"{node}\",op=\"{op}\",result=\"{result}\"}}"
+    );
     engine
         .metrics()
         .render()

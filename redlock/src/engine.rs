@@ -866,13 +866,13 @@ impl Redlock {
         self.inner.metrics.record_redis_requests(op, targets.len());
         let results: Vec<(usize, Result<T, NodeErrorKind>)> = if self.inner.parallel {
             join_all(targets.iter().map(|(index, node)| async move {
-                (*index, node.run_within::<T>(request, limit).await)
+                (*index, self.timed(node, op, request, limit).await)
             }))
             .await
         } else {
             let mut results = Vec::with_capacity(targets.len());
             for (index, node) in &targets {
-                results.push((*index, node.run_within::<T>(request, limit).await));
+                results.push((*index, self.timed(node, op, request, limit).await));
             }
             results
         };
@@ -887,6 +887,23 @@ impl Redlock {
             }
         }
         round
+    }
+
+    /// One node's request, its time counted by node, op and result.
+    async fn timed<T: FromRedisValue + Send>(
+        &self,
+        node: &Node,
+        op: &'static str,
+        request: &redis::ScriptInvocation<'_>,
+        limit: Duration,
+    ) -> Result<T, NodeErrorKind> {
+        let started = Instant::now();
+        let result = node.run_within::<T>(request, limit).await;
+        let kind = result.as_ref().err().map_or("ok", NodeErrorKind::label);
+        self.inner
+            .metrics
+            .record_node_request(&node.label, op, kind, started.elapsed());
+        result
     }
 
     fn failure(&self, index: usize, kind: NodeErrorKind) -> NodeFailure {

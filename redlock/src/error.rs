@@ -58,6 +58,23 @@ impl fmt::Display for NodeErrorKind {
 }
 
 impl NodeErrorKind {
+    /// A short name of the kind, for a metric label.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Self::Timeout => "timeout",
+            Self::Refused => "refused",
+            Self::Unresolved => "unresolved",
+            Self::Auth => "auth",
+            Self::NoPermission(_) => "no_permission",
+            Self::NoScript => "no_script",
+            Self::WrongValue => "wrong_value",
+            Self::Loading => "loading",
+            Self::BadReply(_) => "bad_reply",
+            Self::Tls(_) => "tls",
+            Self::Other(_) => "other",
+        }
+    }
+
     /// Classify a redis-rs error into what an operator needs to know.
     pub(crate) fn from_redis(err: &redis::RedisError) -> Self {
         use redis::{ErrorKind, ServerErrorKind};
