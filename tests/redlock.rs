@@ -160,7 +160,11 @@ async fn hung_node_costs_about_one_timeout_not_seconds() {
     assert_eq!(node_requests(&client, &labels[0], "acquire", "timeout"), 1);
     assert_eq!(node_requests(&client, &labels[2], "acquire", "timeout"), 1);
     assert_eq!(node_requests(&client, &labels[1], "acquire", "timeout"), 0);
-    assert_eq!(node_requests(&client, &labels[1], "acquire", "ok"), 2, "warm-up and this one");
+    assert_eq!(
+        node_requests(&client, &labels[1], "acquire", "ok"),
+        2,
+        "warm-up and this one"
+    );
     // Phase 1 and the release after it each wait one 200 ms timeout. The bound is loose on
     // purpose (a loaded machine); an unbounded client would hang here until the node resumed.
     assert!(took < 2 * SECOND, "took {took:?}");
