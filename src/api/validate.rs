@@ -70,7 +70,25 @@ pub fn validate(
     spec: &LockedJobSpec,
 ) -> Result<ValidSpec, Vec<SpecError>> {
     let mut errors = Vec::new();
+    check_name(name, &mut errors);
+    let schedule = schedule(spec, &mut errors);
+    let lock_name = lock_name(namespace, name, spec, &mut errors);
+    check_counts(spec, &mut errors);
+    let grace = pod_grace(spec, &mut errors);
+    let timing = lease_timing(spec, grace, &mut errors);
+    check_jitter(spec, &mut errors);
+    let catch_up = catch_up(spec, &mut errors);
+    match (schedule, timing, errors.is_empty()) {
+        (Some(schedule), Some(timing), true) => Ok(ValidSpec {
+            policy: policy(spec, schedule, catch_up, &lock_name),
+            lock_name,
+            timing,
+        }),
+        _ => Err(errors),
+    }
+}
 
+fn check_name(name: &str, errors: &mut Vec<SpecError>) {
     if name.len() > MAX_NAME_LENGTH {
         errors.push(error(
             "metadata.name",
@@ -80,8 +98,10 @@ pub fn validate(
             ),
         ));
     }
+}
 
-    let schedule = match Schedule::parse(&spec.schedule, spec.time_zone.as_deref()) {
+fn schedule(spec: &LockedJobSpec, errors: &mut Vec<SpecError>) -> Option<Schedule> {
+    match Schedule::parse(&spec.schedule, spec.time_zone.as_deref()) {
         Ok(schedule) => Some(schedule),
         Err(e @ crate::schedule::ScheduleError::TimeZone(_)) => {
             errors.push(error("spec.timeZone", e.to_string()));
@@ -91,8 +111,17 @@ pub fn validate(
             errors.push(error("spec.schedule", e.to_string()));
             None
         }
-    };
+    }
+}
 
+/// `spec.lock.name`, by default `{namespace}/{name}`: the same in every cluster that runs the
+/// LockedJob under that namespace and name.
+fn lock_name(
+    namespace: &str,
+    name: &str,
+    spec: &LockedJobSpec,
+    errors: &mut Vec<SpecError>,
+) -> String {
     let lock_name = spec
         .lock
         .name
@@ -109,7 +138,11 @@ pub fn validate(
             format!("{lock_name:?} must be 1 to {MAX_LOCK_NAME_LENGTH} characters without spaces or control characters"),
         ));
     }
+    lock_name
+}
 
+/// The starting deadline and the history limits: none negative.
+fn check_counts(spec: &LockedJobSpec, errors: &mut Vec<SpecError>) {
     if let Some(deadline) = spec.starting_deadline_seconds {
         if deadline < 0 {
             errors.push(error(
@@ -132,7 +165,11 @@ pub fn validate(
             errors.push(error(field, "must be zero or more"));
         }
     }
+}
 
+/// Checks the Job template's pod spec; its termination grace period (the lease must outlast
+/// it).
+fn pod_grace(spec: &LockedJobSpec, errors: &mut Vec<SpecError>) -> i64 {
     let pod_spec = spec
         .job_template
         .spec
@@ -162,13 +199,13 @@ pub fn validate(
             }
         }
     }
-    let grace = pod_spec
+    pod_spec
         .and_then(|pod| pod.termination_grace_period_seconds)
         .unwrap_or(DEFAULT_GRACE_SECONDS)
-        .max(0);
+        .max(0)
+}
 
-    let timing = lease_timing(spec, grace, &mut errors);
-
+fn check_jitter(spec: &LockedJobSpec, errors: &mut Vec<SpecError>) {
     if let Some(jitter) = spec.jitter_seconds {
         if !(0..=MAX_JITTER_SECONDS).contains(&jitter) {
             errors.push(error(
@@ -177,33 +214,27 @@ pub fn validate(
             ));
         }
     }
+}
 
-    let catch_up = catch_up(spec, &mut errors);
-
-    match (schedule, timing, errors.is_empty()) {
-        (Some(schedule), Some(timing), true) => Ok(ValidSpec {
-            policy: Policy {
-                schedule,
-                suspend: spec.suspend,
-                concurrency: match spec.concurrency_policy {
-                    ConcurrencyPolicy::Allow => Concurrency::Allow,
-                    ConcurrencyPolicy::Forbid => Concurrency::Forbid,
-                    ConcurrencyPolicy::Replace => Concurrency::Replace,
-                    ConcurrencyPolicy::BufferOne => Concurrency::BufferOne,
-                },
-                catch_up,
-                starting_deadline: spec
-                    .starting_deadline_seconds
-                    .map(SignedDuration::from_secs),
-                jitter: spec.jitter_seconds.filter(|s| *s > 0).map(|s| Jitter {
-                    max: SignedDuration::from_secs(i64::from(s)),
-                    key: lock_name.clone(),
-                }),
-            },
-            lock_name,
-            timing,
+/// The schedule's policy from a spec that passed every check.
+fn policy(spec: &LockedJobSpec, schedule: Schedule, catch_up: CatchUp, lock_name: &str) -> Policy {
+    Policy {
+        schedule,
+        suspend: spec.suspend,
+        concurrency: match spec.concurrency_policy {
+            ConcurrencyPolicy::Allow => Concurrency::Allow,
+            ConcurrencyPolicy::Forbid => Concurrency::Forbid,
+            ConcurrencyPolicy::Replace => Concurrency::Replace,
+            ConcurrencyPolicy::BufferOne => Concurrency::BufferOne,
+        },
+        catch_up,
+        starting_deadline: spec
+            .starting_deadline_seconds
+            .map(SignedDuration::from_secs),
+        jitter: spec.jitter_seconds.filter(|s| *s > 0).map(|s| Jitter {
+            max: SignedDuration::from_secs(i64::from(s)),
+            key: lock_name.to_string(),
         }),
-        _ => Err(errors),
     }
 }
 

@@ -6,13 +6,18 @@
 
 pub mod checker;
 pub mod client;
+mod error;
 pub mod harness;
 pub mod history;
+mod scenario;
 mod scenarios;
 pub mod timeline;
 
+pub use error::LabError;
+pub use scenario::Scenario;
+
 use checker::{Findings, Verdict};
-use clap::{Args, ValueEnum};
+use clap::Args;
 use history::History;
 use serde::Serialize;
 use std::path::{Path, PathBuf};
@@ -22,78 +27,6 @@ pub const EXIT_AS_EXPECTED: i32 = 0;
 pub const EXIT_UNEXPECTED: i32 = 1;
 pub const EXIT_USAGE: i32 = crate::cli::exit::USAGE;
 pub const EXIT_UNAVAILABLE: i32 = crate::cli::exit::UNAVAILABLE;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Scenario {
-    /// 5 nodes, 8 clients, no fault: no overlap, tokens increasing.
-    Baseline,
-    /// kill -9 and restart nodes one at a time (appendfsync always, restart delay): no overlap.
-    NodeCrash,
-    /// A majority of nodes restart empty with no delay while a lock is held: overlap is
-    /// possible and reported; the fencing check says whether fenced storage stayed safe.
-    RestartNoPersistence,
-    /// One node's clock jumps past the TTL while the holder has exactly a majority
-    /// (Kleppmann): overlap reported; the later holder's larger token fences the earlier.
-    ClockJump,
-    /// The holder is stopped (SIGSTOP) past its TTL: another client acquires; the paused
-    /// client's writes are refused by the fenced store after it wakes.
-    ClientPause,
-    /// The holder is cut from a majority: its watchdog gives up before the deadline; no overlap.
-    Partition,
-    /// Latency near the TTL on every path: acquisitions fail rather than return a lease with
-    /// no validity; no overlap.
-    SlowNetwork,
-    /// Every scenario above, one after the other, each in its own subdirectory.
-    All,
-}
-
-impl Scenario {
-    const EACH: [Scenario; 7] = [
-        Scenario::Baseline,
-        Scenario::NodeCrash,
-        Scenario::RestartNoPersistence,
-        Scenario::ClockJump,
-        Scenario::ClientPause,
-        Scenario::Partition,
-        Scenario::SlowNetwork,
-    ];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Scenario::Baseline => "baseline",
-            Scenario::NodeCrash => "node-crash",
-            Scenario::RestartNoPersistence => "restart-no-persistence",
-            Scenario::ClockJump => "clock-jump",
-            Scenario::ClientPause => "client-pause",
-            Scenario::Partition => "partition",
-            Scenario::SlowNetwork => "slow-network",
-            Scenario::All => "all",
-        }
-    }
-
-    /// How the lock nodes keep their data.
-    pub fn persistence(self) -> harness::Persistence {
-        match self {
-            Scenario::RestartNoPersistence => harness::Persistence::None,
-            _ => harness::Persistence::AppendFsyncAlways,
-        }
-    }
-
-    /// The verdicts this scenario may reach and still show what it is meant to show.
-    pub fn expected(self) -> &'static [Verdict] {
-        match self {
-            Scenario::Baseline
-            | Scenario::NodeCrash
-            | Scenario::Partition
-            | Scenario::SlowNetwork => &[Verdict::Safe],
-            // The documented hazard: whatever happens is shown, not prevented.
-            Scenario::RestartNoPersistence => &[Verdict::Safe, Verdict::Fenced, Verdict::Unsafe],
-            Scenario::ClockJump | Scenario::ClientPause => &[Verdict::Fenced],
-            Scenario::All => &[],
-        }
-    }
-}
 
 #[derive(Debug, Clone, Args)]
 pub struct LabArgs {
@@ -116,21 +49,6 @@ pub struct LabArgs {
     /// (the certificate must name IP 127.0.0.1); clients verify them with ca.crt.
     #[arg(long)]
     pub tls_dir: Option<PathBuf>,
-}
-
-/// What went wrong running the lab.
-#[derive(Debug, thiserror::Error)]
-pub enum LabError {
-    #[error(transparent)]
-    Harness(#[from] harness::HarnessError),
-    #[error("cannot {0}: {1}")]
-    Io(&'static str, #[source] std::io::Error),
-    #[error("cannot read the fenced store's log: {0}")]
-    Store(#[source] redis::RedisError),
-    #[error("a history collector panicked")]
-    Poisoned,
-    #[error("{0}")]
-    Usage(String),
 }
 
 #[derive(Debug, Serialize)]

@@ -2,11 +2,12 @@
 //! a schedule while the clients run, and collects the history.
 
 use super::client::{HOLDER_PREFIX, STORE_LOG_KEY};
+use super::error::LabError;
 use super::harness::{
     FaultProxy, HarnessError, NodeTls, Persistence, ProxyMode, RedisNode, RedisNodes,
 };
 use super::history::{monotonic_us, ClientEvent, Fault, History, NodeEvent, NodeState, StoreWrite};
-use super::{LabError, Scenario};
+use super::scenario::Scenario;
 use crate::redlock::DEFAULT_KEY_PREFIX;
 use std::collections::HashMap;
 use std::io::BufRead;

@@ -2,7 +2,7 @@
 //! Service's variables first, then `envFrom`, then `env` in order, `$(VAR)` expanded against
 //! what came before; `valueFrom` reads the pod's fields, Secrets and ConfigMaps.
 
-use super::Shared;
+use super::shared::Shared;
 use k8s_openapi::api::core::v1::{ConfigMap, Container, EnvVar, Pod, Secret};
 use kube::api::Api;
 use kube::ResourceExt;
@@ -59,8 +59,8 @@ pub(crate) fn field_ref(pod: &Pod, path: &str) -> Result<String, String> {
             .as_ref()
             .and_then(|s| s.service_account_name.clone())
             .unwrap_or_default(),
-        "status.hostIP" | "status.hostIPs" => super::HOST_IP.into(),
-        "status.podIP" | "status.podIPs" => super::pod_ip(pod),
+        "status.hostIP" | "status.hostIPs" => super::config::HOST_IP.into(),
+        "status.podIP" | "status.podIPs" => super::config::pod_ip(pod),
         _ => keyed("metadata.labels['", pod.labels())
             .or_else(|| keyed("metadata.annotations['", pod.annotations()))
             .ok_or_else(|| format!("fieldRef {path} is not supported by the node agent"))?,
@@ -174,12 +174,15 @@ pub(crate) async fn resolve(
 ) -> Result<Vec<(String, String)>, String> {
     let port = shared.config.apiserver_port.to_string();
     let mut vars: Vec<(String, String)> = vec![
-        ("KUBERNETES_SERVICE_HOST".into(), super::HOST_IP.into()),
+        (
+            "KUBERNETES_SERVICE_HOST".into(),
+            super::config::HOST_IP.into(),
+        ),
         ("KUBERNETES_SERVICE_PORT".into(), port.clone()),
         ("KUBERNETES_SERVICE_PORT_HTTPS".into(), port.clone()),
         (
             "KUBERNETES_PORT".into(),
-            format!("tcp://{}:{port}", super::HOST_IP),
+            format!("tcp://{}:{port}", super::config::HOST_IP),
         ),
     ];
     let namespace = pod.namespace().unwrap_or_default();
@@ -237,14 +240,16 @@ pub(crate) fn command_line(
         Some(command) => command.clone(),
         None => {
             let image = container.image.as_deref().unwrap_or_default();
-            let program = images.get(super::repository_of(image)).ok_or_else(|| {
-                format!(
-                    "container {} has no command and its image {image:?} is not one the local \
+            let program = images
+                .get(super::config::repository_of(image))
+                .ok_or_else(|| {
+                    format!(
+                        "container {} has no command and its image {image:?} is not one the local \
                      node agent maps to a program on this machine (images it knows: {:?})",
-                    container.name,
-                    images.keys().collect::<Vec<_>>()
-                )
-            })?;
+                        container.name,
+                        images.keys().collect::<Vec<_>>()
+                    )
+                })?;
             vec![program.display().to_string()]
         }
     };

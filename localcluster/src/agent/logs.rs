@@ -2,7 +2,7 @@
 //! `GET /containerLogs/{namespace}/{pod}/{container}` with `tailLines`, `limitBytes` and
 //! `follow`.
 
-use super::AgentConfig;
+use super::config::AgentConfig;
 use crate::Error;
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};

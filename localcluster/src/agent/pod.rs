@@ -2,7 +2,8 @@
 //! process group; restarts by the pod's restart policy; readiness probes; status reports
 //! through `pods/status`; graceful deletion.
 
-use super::{env, volumes, Shared};
+use super::shared::Shared;
+use super::{env, volumes};
 use crate::process;
 use futures::stream::{FuturesUnordered, StreamExt};
 use k8s_openapi::api::core::v1::{Container, Pod, Probe};
@@ -200,7 +201,7 @@ pub(crate) async fn run(
             .chain(&main)
             .map(|c| (c.spec.name.clone(), c.log.clone())),
     );
-    let ip = super::pod_ip(&pod);
+    let ip = super::config::pod_ip(&pod);
     let mut run = PodRun {
         shared,
         api: Api::namespaced(shared.client.clone(), &namespace),
@@ -666,7 +667,7 @@ impl PodRun<'_> {
         }
         let mut status = json!({
             "phase": self.phase,
-            "hostIP": super::HOST_IP, "hostIPs": [{"ip": super::HOST_IP}],
+            "hostIP": super::config::HOST_IP, "hostIPs": [{"ip": super::config::HOST_IP}],
             "podIP": self.ip, "podIPs": [{"ip": self.ip}],
             "startTime": self.start_time,
             "conditions": conditions,

@@ -8,7 +8,7 @@
 //! its own pod's token and nothing of the host's changes. That needs root (CAP_SYS_ADMIN);
 //! without it a container with mounts fails to start with a message saying so.
 
-use super::Shared;
+use super::shared::Shared;
 use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{
     ConfigMap, Container, DownwardAPIVolumeFile, KeyToPath, Pod, Secret, ServiceAccount, Volume,

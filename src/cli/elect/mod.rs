@@ -10,12 +10,14 @@
 //! waits up to `--wait`) and exits 76 when the lease is lost; `elect` campaigns without end,
 //! and after a lost lease stops the command and campaigns again.
 
+mod args;
 mod ended;
 mod kubernetes;
 mod metrics;
 mod observe;
 mod token_file;
 
+pub use args::{ElectArgs, ObserveOutput};
 pub use ended::HeldValue;
 pub use kubernetes::{
     election_label, lease_name, ELECTION_LABEL, LEADER_CONDITION, LEADER_LABEL,
@@ -25,19 +27,16 @@ pub use observe::Observed;
 pub use token_file::LeaderRecord;
 
 use crate::child::{self, Signals};
-use crate::cli::exec::{next_deadline, LeaseEvent, LeaseOptions, Ran, Work};
+use crate::cli::exec::{next_deadline, LeaseEvent, Ran, Work};
 use crate::cli::exit;
 use crate::http::Reply;
 use crate::metrics::Metrics;
-use crate::options::{parse_duration, RedisOptions};
 use crate::redlock::{Lease, LeaseTiming, LockError, Redlock, Watchdog};
 use ended::TerminationMessage;
 use jiff::Timestamp;
 use kubernetes::{EndedLeaders, PodMirror};
 use metrics::ElectionMetrics;
 use std::collections::HashSet;
-use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 use token_file::TokenFile;
@@ -45,70 +44,6 @@ use tokio::signal::unix::SignalKind;
 use tokio::sync::watch;
 use tokio_util::task::AbortOnDropHandle;
 use tracing::Instrument;
-
-#[derive(Debug, Clone, clap::Args)]
-pub struct ElectArgs {
-    #[command(flatten)]
-    pub redis: RedisOptions,
-    /// The election's lock name: every replica of one workload, in every cluster, uses the same.
-    pub lock: String,
-    /// Lease TTL: how long a leader that vanished without a trace (a lost node, a partition)
-    /// keeps the others waiting.
-    #[arg(long, default_value = "15s", value_parser = parse_duration)]
-    pub ttl: Duration,
-    #[command(flatten)]
-    pub lease: LeaseOptions,
-    /// How often a candidate tries to become leader (each wait drawn ±20% around it): after a
-    /// graceful step-down the next leader starts within about this long.
-    #[arg(long, default_value = "500ms", value_parser = parse_duration)]
-    pub retry_interval: Duration,
-    /// While leading, keep this JSON file up to date (lock, holder, token, validUntil), written
-    /// atomically; it is removed as soon as leadership is lost, before the command is stopped.
-    #[arg(long, env = "LOCKEDJOB_TOKEN_FILE")]
-    pub token_file: Option<PathBuf>,
-    /// Run no command: hold leadership for this pod and show it (the token file; with
-    /// --pod-namespace, the pod's `lockedjob.dev/leader` condition and label and a mirror
-    /// Lease). Run as a native sidecar (an init container with `restartPolicy: Always`).
-    #[arg(long, conflicts_with = "command")]
-    pub sidecar: bool,
-    /// The sidecar's pod namespace (downward API); with the pod name (--runner-name, POD_NAME)
-    /// it turns on the pod's condition, label and the mirror Lease.
-    #[arg(long, env = "POD_NAMESPACE", requires = "sidecar")]
-    pub pod_namespace: Option<String>,
-    /// Where the sidecar answers `GET /leader` (200 with the token file's JSON while this pod
-    /// leads, 503 otherwise), `/healthz` and `/metrics`. Loopback by default: only the pod's
-    /// own containers should ask.
-    #[arg(long, env = "LOCKEDJOB_LEADER_ADDR", default_value = "127.0.0.1:8087")]
-    pub leader_addr: SocketAddr,
-    /// The sidecar container's termination message file (its `terminationMessagePath`): while
-    /// leading, the sidecar writes its lock value there, so that when the container dies the
-    /// kubelet's report lets a candidate take over at once (docs/design.md, "Failover when
-    /// Kubernetes confirms the leader's end"). Written only if the kubelet made it.
-    #[arg(
-        long,
-        env = "LOCKEDJOB_TERMINATION_MESSAGE_PATH",
-        default_value = "/dev/termination-log"
-    )]
-    pub termination_message_path: PathBuf,
-    /// Print a line each time the leader changes, instead of campaigning.
-    #[arg(long, conflicts_with_all = ["command", "token_file", "sidecar"])]
-    pub observe: bool,
-    /// Output of --observe: text, or one JSON object a line.
-    #[arg(short, long, value_enum, default_value_t = ObserveOutput::Text, requires = "observe")]
-    pub output: ObserveOutput,
-    /// How often --observe reads the nodes.
-    #[arg(long, default_value = "500ms", value_parser = parse_duration, requires = "observe")]
-    pub poll_interval: Duration,
-    /// The command and its arguments, run while this replica leads.
-    #[arg(last = true, required_unless_present_any = ["observe", "sidecar"], num_args = 1..)]
-    pub command: Vec<String>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum ObserveOutput {
-    Text,
-    Json,
-}
 
 /// Runs `elect` and returns the process exit code.
 pub async fn run(args: ElectArgs) -> i32 {

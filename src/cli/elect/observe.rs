@@ -1,6 +1,6 @@
 //! `lockedjob elect LOCK --observe`: a line each time the leader changes, like `etcdctl elect -l`.
 
-use super::{ElectArgs, ObserveOutput};
+use super::args::{ElectArgs, ObserveOutput};
 use crate::child::Signals;
 use crate::redlock::{LockView, Redlock};
 use jiff::Timestamp;
