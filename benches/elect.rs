@@ -6,9 +6,12 @@
 //!
 //! Also the sidecar's memory and idle CPU (`elect --sidecar`, leading, for `IDLE_SECONDS`).
 //! `cargo bench --bench elect` runs it in full (`BENCH_TRIALS`, default 20; `BENCH_TTL`, default
-//! 5s); under `cargo test` one trial of each, so that it cannot rot. Build in release for
+//! 5s); under `cargo test` one trial of each, so that it cannot rot. `BENCH_NODE=real` measures
+//! the sidecar in pods on a real node instead (`elect/kubernetes.rs`; root only). Build in release for
 //! figures worth quoting (`cargo bench` does).
 
+#[path = "elect/kubernetes.rs"]
+mod kubernetes;
 #[path = "../tests/support/mod.rs"]
 mod support;
 
@@ -173,6 +176,16 @@ fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(if full { 20 } else { 1 });
+    if std::env::var("BENCH_NODE").is_ok_and(|v| v == "real") {
+        println!("elect failover on a real node: a Deployment of 2 pods with `elect --sidecar --ttl 15s`, 3 Redis pods; stopped leader → the lock holds the other pod's value");
+        println!();
+        println!("| stop | trials | p50 s | p99 s | max s |");
+        println!("|---|---|---|---|---|");
+        for (what, took) in kubernetes::failovers(trials) {
+            report(what, took);
+        }
+        return;
+    }
     let ttl = std::env::var("BENCH_TTL").unwrap_or_else(|_| "5s".into());
     let nodes = RedisNodes::start(3, Persistence::None).expect("start redis-server");
     println!("elect failover: 2 candidates, 3 local nodes, --ttl {ttl}, default --retry-interval; stopped leader → next leader's command started");

@@ -14,6 +14,8 @@ use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use serde_json::json;
+use std::sync::Arc;
+use tokio::sync::Notify;
 use tokio_util::task::AbortOnDropHandle;
 
 /// The pod condition a `readinessGate` names.
@@ -83,6 +85,8 @@ impl PodMirror {
         let (store, writer) = reflector::store();
         let config =
             watcher::Config::default().labels(&format!("{ELECTION_LABEL}={}", self.election));
+        let changed = Arc::new(Notify::new());
+        let notify = Arc::clone(&changed);
         let pods = watcher(self.pods.clone(), config)
             .default_backoff()
             // Only the statuses are read.
@@ -91,14 +95,19 @@ impl PodMirror {
                 pod.metadata.managed_fields = None;
             })
             .reflect(writer)
-            .for_each(|event| async move {
-                if let Err(e) = event {
-                    tracing::warn!(error = %e, "watching the election's pods failed; retrying");
+            .for_each(move |event| {
+                match event {
+                    Ok(_) => notify.notify_one(),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "watching the election's pods failed; retrying")
+                    }
                 }
+                async {}
             });
         Ok(EndedLeaders {
             store,
             lock: self.lock.clone(),
+            changed,
             _watch: AbortOnDropHandle::new(tokio::spawn(pods)),
         })
     }
@@ -149,6 +158,13 @@ impl PodMirror {
         self.set_marks(&self.pod, true).await?;
         self.set_condition(&self.pod, "True", "Elected").await?;
         self.mirror_lease(holder, ttl_seconds).await
+    }
+
+    /// The lock was released: the condition's reason says so. The change is what wakes the
+    /// candidates watching the election's pods, so the next leader does not wait for its
+    /// next attempt.
+    pub async fn released(&self) -> Result<(), MirrorError> {
+        self.set_condition(&self.pod, "False", "Released").await
     }
 
     /// The Lease's renew time, after each renewal.
@@ -286,10 +302,17 @@ impl PodMirror {
 pub struct EndedLeaders {
     store: Store<Pod>,
     lock: String,
+    /// Told when an election pod changes: a leader stepped down or was reported terminated.
+    changed: Arc<Notify>,
     _watch: AbortOnDropHandle<()>,
 }
 
 impl EndedLeaders {
+    /// Returns once an election pod has changed since the last call (at once if one did).
+    pub async fn changed(&self) {
+        self.changed.notified().await
+    }
+
     /// `(pod, lock value)` of every container instance of the election's pods that the kubelet
     /// reports terminated while it held the lock.
     pub fn values(&self) -> Vec<(String, String)> {

@@ -316,6 +316,12 @@ impl Sidecar {
         self.show(&lease, LeaseEvent::Lost, false).await;
         self.termination.clear();
         watchdog.release(&self.engine).await;
+        if let (true, Some(mirror)) = (stopped, &self.mirror) {
+            let bound = self.timing.safety_margin / 2;
+            if let Ok(Err(e)) = tokio::time::timeout(bound, mirror.released()).await {
+                tracing::debug!(error = %e, "cannot mark the pod released; the next leader comes at its next attempt");
+            }
+        }
         stopped
     }
 
@@ -433,7 +439,16 @@ async fn campaign(
                 }
             }
         }
-        tokio::time::sleep(retry_interval.mul_f64(0.8 + 0.4 * rand::random::<f64>())).await;
+        let pause = tokio::time::sleep(retry_interval.mul_f64(0.8 + 0.4 * rand::random::<f64>()));
+        match ended {
+            // A change on an election pod (the leader stepping down, or reported gone) is
+            // the moment to try again, not the end of the pause.
+            Some(ended) => tokio::select! {
+                _ = pause => {}
+                _ = ended.changed() => {}
+            },
+            None => pause.await,
+        }
     }
 }
 
