@@ -547,18 +547,33 @@ async fn the_example_leader_fails_over_when_its_sidecar_dies(
     })
     .await
     .expect("one of the example's pods leads");
-    // The lock's value on one of the chart's nodes: `{cluster}/{pod}/{random}`, new each term.
+    // The lock's value a majority of the chart's nodes hold: `{cluster}/{pod}/{random}`, new
+    // each term (a node outside the holder's quorum may hold nothing, or an older value).
     let password =
         String::from_utf8(auth.data.expect("data")["password"].0.clone()).expect("utf-8");
-    let (_, ip) = pod_ip(
-        &Api::namespaced(client.clone(), nodes_ns),
-        &redis_pod(0),
-        None,
-    )
-    .await;
-    let node = SocketAddr::new(ip, 6379);
+    let mut nodes = Vec::new();
+    for i in 0..REDIS_NODES {
+        let (_, ip) = pod_ip(
+            &Api::namespaced(client.clone(), nodes_ns),
+            &redis_pod(i),
+            None,
+        )
+        .await;
+        nodes.push(SocketAddr::new(ip, 6379));
+    }
     let key = "lockedjob:lock:demo-writer";
-    let held: String = key_on(node, &password, key)
+    let majority_value = || async {
+        let mut values = Vec::new();
+        for node in &nodes {
+            values.push(key_on::<String>(*node, &password, key).await);
+        }
+        let values: Vec<String> = values.into_iter().flatten().collect();
+        values
+            .iter()
+            .find(|v| values.iter().filter(|w| w == v).count() * 2 > REDIS_NODES)
+            .cloned()
+    };
+    let held = poll(&majority_value)
         .await
         .expect("the leader's lock value");
     assert!(
@@ -574,12 +589,9 @@ async fn the_example_leader_fails_over_when_its_sidecar_dies(
     .expect("kill -9 the leader's sidecar");
     let killed = Instant::now();
     // The next term: the other pod, or the killed pod's restarted sidecar, holds the lock.
-    let next: String = poll(|| async {
-        let value: Option<String> = key_on(node, &password, key).await;
-        value.filter(|v| *v != held)
-    })
-    .await
-    .expect("a next leader");
+    let next: String = poll(|| async { majority_value().await.filter(|v| *v != held) })
+        .await
+        .expect("a next leader");
     let took = killed.elapsed();
     // Whoever deleted the dead leader's value says so (usually the next leader: it tries again
     // at once; the killed pod's restarted sidecar watches too).

@@ -129,16 +129,24 @@ spec:
     )
 }
 
-/// The lock's value on the first Redis pod (`{cluster}/{pod}/{random}`), if any.
-fn holder_value(redis: &str) -> Option<String> {
-    let client = redis::Client::open(format!("redis://{redis}:6379/")).ok()?;
-    let mut connection = client
-        .get_connection_with_timeout(Duration::from_secs(1))
-        .ok()?;
-    redis::cmd("GET")
-        .arg(format!("lockedjob:lock:{LOCK}"))
-        .query(&mut connection)
-        .ok()?
+/// The lock's value held by a majority of the Redis pods (`{cluster}/{pod}/{random}`), if
+/// any: a node outside the holder's quorum may hold nothing, or an older value.
+fn holder_value(redis: &[String]) -> Option<String> {
+    let read = |ip: &String| -> Option<String> {
+        let client = redis::Client::open(format!("redis://{ip}:6379/")).ok()?;
+        let mut connection = client
+            .get_connection_with_timeout(Duration::from_secs(1))
+            .ok()?;
+        redis::cmd("GET")
+            .arg(format!("lockedjob:lock:{LOCK}"))
+            .query(&mut connection)
+            .ok()?
+    };
+    let values: Vec<String> = redis.iter().filter_map(read).collect();
+    values
+        .iter()
+        .find(|v| values.iter().filter(|w| w == v).count() * 2 > redis.len())
+        .cloned()
 }
 
 /// The host pid of pod `pod`'s sidecar process.
@@ -158,7 +166,7 @@ fn sidecar_pid(pod: &str) -> Option<i32> {
 }
 
 /// The leader's pod and its lock value, once both writer pods run and one holds the lock.
-fn leader(cluster: &LocalCluster, redis: &str) -> (String, String) {
+fn leader(cluster: &LocalCluster, redis: &[String]) -> (String, String) {
     until(
         || {
             let writers = pod_ips(cluster, "writer-");
@@ -211,12 +219,12 @@ pub fn failovers(trials: usize) -> Vec<(&'static str, Vec<Duration>)> {
         .iter()
         .map(|(_, ip)| format!("redis://{ip}:6379"))
         .collect();
-    let first = redis[0].1.clone();
+    let redis: Vec<String> = redis.into_iter().map(|(_, ip)| ip).collect();
     apply(&cluster, &writers(&urls.join(","), image));
     let mut crash = Vec::new();
     let mut graceful = Vec::new();
     for _ in 0..trials {
-        let (was, held) = leader(&cluster, &first);
+        let (was, held) = leader(&cluster, &redis);
         let pid = sidecar_pid(&was).expect("the leader's sidecar");
         let killed = nix::sys::signal::kill(
             nix::unistd::Pid::from_raw(pid),
@@ -225,7 +233,7 @@ pub fn failovers(trials: usize) -> Vec<(&'static str, Vec<Duration>)> {
         killed.expect("kill -9 the sidecar");
         let stopped = Instant::now();
         let next = until(
-            || holder_value(&first).filter(|v| *v != held),
+            || holder_value(&redis).filter(|v| *v != held),
             "a next leader after a crash",
         );
         crash.push(stopped.elapsed());
@@ -243,7 +251,7 @@ pub fn failovers(trials: usize) -> Vec<(&'static str, Vec<Duration>)> {
             kubectl(&cluster, &delete);
         }
 
-        let (was, held) = leader(&cluster, &first);
+        let (was, held) = leader(&cluster, &redis);
         let stopped = Instant::now();
         let delete = [
             "delete",
@@ -255,7 +263,7 @@ pub fn failovers(trials: usize) -> Vec<(&'static str, Vec<Duration>)> {
         ];
         kubectl(&cluster, &delete);
         until(
-            || holder_value(&first).filter(|v| *v != held),
+            || holder_value(&redis).filter(|v| *v != held),
             "a next leader after a delete",
         );
         graceful.push(stopped.elapsed());
