@@ -113,25 +113,6 @@ fn get(port: u16, path: &str) -> (u16, String) {
     (status, body)
 }
 
-fn sidecar(
-    urls: &[String],
-    kubeconfig: &Path,
-    namespace: &str,
-    pod: &str,
-    port: u16,
-    log: &Path,
-) -> Child {
-    sidecar_with(
-        urls,
-        kubeconfig,
-        namespace,
-        pod,
-        port,
-        log,
-        &["--ttl", "3s"],
-    )
-}
-
 /// A sidecar with `extra` arguments (the TTL among them).
 fn sidecar_with(
     urls: &[String],
@@ -252,40 +233,84 @@ fn not_leading() -> (Option<String>, bool) {
     (Some("False".into()), false)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_pod_condition_label_and_lease_follow_the_leader() {
-    let local = local_cluster("east").await;
-    let client = client_for(&local.kubeconfig()).await;
-    let namespace = create_namespace(&client, "elect").await;
-    let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
-    let leases: Api<Lease> = Api::namespaced(client.clone(), &namespace);
-    gated_pod(&pods, "writer-a").await;
-    gated_pod(&pods, "writer-b").await;
-    let nodes = RedisNodes::start(3, Persistence::None).expect("start redis-server");
-    let dir = tempfile::tempdir().expect("dir");
-    // The sidecars act as the chart's ServiceAccount, with the chart's Role and nothing more.
-    apply_chart_rbac(local, &namespace, dir.path());
-    let kubeconfig = kubeconfig_of(local, &namespace, "lockedjob-elect", dir.path());
-    let log = |pod: &str| dir.path().join(format!("{pod}.log"));
-    let logs = || {
-        ["writer-a", "writer-b"]
+/// Two candidates' pods in a namespace of their own, three Redis nodes, and the chart's RBAC
+/// for the sidecars, which act as its ServiceAccount with its Role and nothing more.
+struct Election {
+    client: kube::Client,
+    namespace: String,
+    pods: Api<Pod>,
+    nodes: RedisNodes,
+    kubeconfig: std::path::PathBuf,
+    dir: tempfile::TempDir,
+}
+
+const CANDIDATES: [&str; 2] = ["writer-a", "writer-b"];
+
+impl Election {
+    async fn new(prefix: &str, init_containers: serde_json::Value) -> Self {
+        let local = local_cluster("east").await;
+        let client = client_for(&local.kubeconfig()).await;
+        let namespace = create_namespace(&client, prefix).await;
+        let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
+        for pod in CANDIDATES {
+            gated_pod_with(&pods, pod, init_containers.clone()).await;
+        }
+        let nodes = RedisNodes::start(3, Persistence::None).expect("start redis-server");
+        let dir = tempfile::tempdir().expect("dir");
+        apply_chart_rbac(local, &namespace, dir.path());
+        let kubeconfig = kubeconfig_of(local, &namespace, "lockedjob-elect", dir.path());
+        Self {
+            client,
+            namespace,
+            pods,
+            nodes,
+            kubeconfig,
+            dir,
+        }
+    }
+
+    fn log(&self, pod: &str) -> std::path::PathBuf {
+        self.dir.path().join(format!("{pod}.log"))
+    }
+
+    /// Both sidecars' logs, for a failure's message.
+    fn logs(&self) -> String {
+        CANDIDATES
             .map(|pod| {
-                format!(
-                    "--- {pod}\n{}",
-                    std::fs::read_to_string(log(pod)).unwrap_or_default()
-                )
+                let log = std::fs::read_to_string(self.log(pod)).unwrap_or_default();
+                format!("--- {pod}\n{log}")
             })
             .join("\n")
-    };
+    }
+
+    fn sidecar(&self, pod: &str, port: u16, extra: &[&str]) -> Child {
+        let urls = self.nodes.urls();
+        sidecar_with(
+            &urls,
+            &self.kubeconfig,
+            &self.namespace,
+            pod,
+            port,
+            &self.log(pod),
+            extra,
+        )
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pod_condition_label_and_lease_follow_the_leader() {
+    let election = Election::new("elect", json!([])).await;
+    let (pods, nodes, client) = (&election.pods, &election.nodes, &election.client);
+    let leases: Api<Lease> = Api::namespaced(client.clone(), &election.namespace);
+    let logs = || election.logs();
 
     let (port_a, port_b) = (support::free_port(), support::free_port());
-    let start =
-        |pod: &str, port| sidecar(&nodes.urls(), &kubeconfig, &namespace, pod, port, &log(pod));
+    let start = |pod: &str, port| election.sidecar(pod, port, &["--ttl", "3s"]);
     let mut reap = Reap(Vec::new());
     reap.0.push(start("writer-a", port_a));
     assert!(
         eventually(Duration::from_secs(20), || async {
-            marks(&pods, "writer-a").await == leading()
+            marks(pods, "writer-a").await == leading()
         })
         .await,
         "a never showed it leads:\n{}",
@@ -294,13 +319,13 @@ async fn the_pod_condition_label_and_lease_follow_the_leader() {
     reap.0.push(start("writer-b", port_b));
     assert!(
         eventually(Duration::from_secs(20), || async {
-            marks(&pods, "writer-b").await == not_leading()
+            marks(pods, "writer-b").await == not_leading()
         })
         .await,
         "b never showed it does not lead:\n{}",
         logs()
     );
-    assert_eq!(marks(&pods, "writer-a").await, leading());
+    assert_eq!(marks(pods, "writer-a").await, leading());
     // The Lease is written after the pod's marks.
     wait_for_lease(&leases, "ci/writer-a", 0, &logs).await;
     // The workload's view: /leader answers only on the leader, with its token.
@@ -324,13 +349,13 @@ async fn the_pod_condition_label_and_lease_follow_the_leader() {
     let _ = reap.0[0].wait();
     assert!(
         eventually(Duration::from_secs(20), || async {
-            marks(&pods, "writer-b").await == leading()
-                && marks(&pods, "writer-a").await == not_leading()
+            marks(pods, "writer-b").await == leading()
+                && marks(pods, "writer-a").await == not_leading()
         })
         .await,
         "b did not take over cleanly: a {:?}, b {:?}\n{}",
-        marks(&pods, "writer-a").await,
-        marks(&pods, "writer-b").await,
+        marks(pods, "writer-a").await,
+        marks(pods, "writer-b").await,
         logs()
     );
     // The Lease is written after the pod's marks.
@@ -341,13 +366,13 @@ async fn the_pod_condition_label_and_lease_follow_the_leader() {
     kill(Pid::from_raw(reap.0[1].id() as i32), Signal::SIGTERM).expect("SIGTERM b");
     let status = reap.0[1].wait().expect("b exits");
     assert_eq!(status.code(), Some(0), "{}", logs());
-    assert_eq!(marks(&pods, "writer-b").await, not_leading());
+    assert_eq!(marks(pods, "writer-b").await, not_leading());
     assert_eq!(
         nodes.count_key("lockedjob:lock:writer"),
         0,
         "leadership released"
     );
-    delete_namespace(&client, &namespace).await;
+    delete_namespace(client, &election.namespace).await;
 }
 
 /// The native sidecar's status as the kubelet writes it: restarted once, its last instance
@@ -368,46 +393,22 @@ fn sidecar_status(state: serde_json::Value, last_message: &str) -> serde_json::V
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_reported_terminated_by_the_kubelet_is_replaced_before_its_ttl() {
     use kube::api::{Patch, PatchParams};
-    let local = local_cluster("east").await;
-    let client = client_for(&local.kubeconfig()).await;
-    let namespace = create_namespace(&client, "elect-ended").await;
-    let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
     let sidecar_spec =
         json!([{"name": "leader", "image": "lockedjob:test", "restartPolicy": "Always"}]);
-    gated_pod_with(&pods, "writer-a", sidecar_spec.clone()).await;
-    gated_pod_with(&pods, "writer-b", sidecar_spec).await;
-    let nodes = RedisNodes::start(3, Persistence::None).expect("start redis-server");
-    let dir = tempfile::tempdir().expect("dir");
-    apply_chart_rbac(local, &namespace, dir.path());
-    let kubeconfig = kubeconfig_of(local, &namespace, "lockedjob-elect", dir.path());
-    let log = |pod: &str| dir.path().join(format!("{pod}.log"));
-    let logs = || {
-        ["writer-a", "writer-b"]
-            .map(|pod| {
-                format!(
-                    "--- {pod}\n{}",
-                    std::fs::read_to_string(log(pod)).unwrap_or_default()
-                )
-            })
-            .join("\n")
-    };
+    let election = Election::new("elect-ended", sidecar_spec).await;
+    let (pods, nodes, client) = (&election.pods, &election.nodes, &election.client);
+    let dir = election.dir.path();
+    let log = |pod: &str| election.log(pod);
+    let logs = || election.logs();
     // The kubelet makes each container instance an empty termination message file.
-    let message_file = |pod: &str| dir.path().join(format!("{pod}.termination-log"));
+    let message_file = |pod: &str| dir.join(format!("{pod}.termination-log"));
     let mut reap = Reap(Vec::new());
-    for pod in ["writer-a", "writer-b"] {
+    for pod in CANDIDATES {
         std::fs::write(message_file(pod), "").expect("termination-log");
         let file = message_file(pod).display().to_string();
         let extra = ["--ttl", "30s", "--termination-message-path", file.as_str()];
         let port = support::free_port();
-        reap.0.push(sidecar_with(
-            &nodes.urls(),
-            &kubeconfig,
-            &namespace,
-            pod,
-            port,
-            &log(pod),
-            &extra,
-        ));
+        reap.0.push(election.sidecar(pod, port, &extra));
         let shown = if pod == "writer-a" {
             leading()
         } else {
@@ -415,7 +416,7 @@ async fn a_leader_reported_terminated_by_the_kubelet_is_replaced_before_its_ttl(
         };
         assert!(
             eventually(Duration::from_secs(20), || async {
-                marks(&pods, pod).await == shown
+                marks(pods, pod).await == shown
             })
             .await,
             "{pod} never showed {shown:?}:\n{}",
@@ -448,7 +449,7 @@ async fn a_leader_reported_terminated_by_the_kubelet_is_replaced_before_its_ttl(
         "a live leader lost its lock:\n{}",
         logs()
     );
-    assert_eq!(marks(&pods, "writer-b").await, not_leading());
+    assert_eq!(marks(pods, "writer-b").await, not_leading());
 
     // a's sidecar dies; the kubelet reports it terminated with what its file held.
     kill(Pid::from_raw(reap.0[0].id() as i32), Signal::SIGKILL).expect("kill -9 a");
@@ -464,7 +465,7 @@ async fn a_leader_reported_terminated_by_the_kubelet_is_replaced_before_its_ttl(
     // Well within the TTL: without the shortcut b waits for a's 30 s lease to run out.
     assert!(
         eventually(Duration::from_secs(10), || async {
-            marks(&pods, "writer-b").await == leading()
+            marks(pods, "writer-b").await == leading()
         })
         .await,
         "b did not take over before a's TTL:\n{}",
@@ -479,7 +480,7 @@ async fn a_leader_reported_terminated_by_the_kubelet_is_replaced_before_its_ttl(
     );
     let b_value = stored().expect("b holds the lock");
     assert_ne!(b_value, value);
-    delete_namespace(&client, &namespace).await;
+    delete_namespace(client, &election.namespace).await;
 }
 
 /// The README's example Deployment (native sidecar, readiness gate, Service) is accepted by the

@@ -465,25 +465,6 @@ async fn leading_pods(pods: &Api<Pod>) -> Vec<String> {
         .collect()
 }
 
-/// The host pid of the sidecar (`lockedjob elect ... --sidecar`) of pod `pod`: the nodes'
-/// containers are this host's processes.
-fn sidecar_pid(pod: &str) -> Option<i32> {
-    let wanted = format!("POD_NAME={pod}");
-    std::fs::read_dir("/proc")
-        .ok()?
-        .flatten()
-        .find_map(|entry| {
-            let pid: i32 = entry.file_name().to_str()?.parse().ok()?;
-            let cmdline = std::fs::read(entry.path().join("cmdline")).ok()?;
-            let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
-            let sidecar =
-                args.iter().any(|a| *a == b"elect") && args.iter().any(|a| *a == b"--sidecar");
-            let environ = std::fs::read(entry.path().join("environ")).ok()?;
-            let of_pod = environ.split(|b| *b == 0).any(|v| v == wanted.as_bytes());
-            (sidecar && of_pod).then_some(pid)
-        })
-}
-
 /// The leader-election example (examples/leader-election/deployment.yaml) on the real node,
 /// with the chart's RBAC for it and the chart's Redis nodes: one of its two pods leads and is
 /// Ready. Its sidecar is killed with SIGKILL; the kubelet reports the container terminated with
@@ -581,7 +562,7 @@ async fn the_example_leader_fails_over_when_its_sidecar_dies(
         "{held} is not {leader}'s"
     );
 
-    let pid = sidecar_pid(&leader).expect("the leader's sidecar process");
+    let pid = support::sidecar_pid(&leader).expect("the leader's sidecar process");
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(pid),
         nix::sys::signal::Signal::SIGKILL,

@@ -862,31 +862,33 @@ async fn keys_of_the_wrong_type_or_value_fail_the_attempt_instead_of_issuing_a_t
     engine.release(&lease).await;
 }
 
-/// Node requests of one kind an engine has made: `lockedjob_redis_requests_total{op}`.
-fn requests(engine: &Redlock, op: &str) -> u64 {
-    let series = format!("lockedjob_redis_requests_total{{op=\"{op}\"}}");
+/// The value of one series of an engine's metrics (`name{labels}`), 0 when absent.
+fn series(engine: &Redlock, series: &str) -> u64 {
     engine
         .metrics()
         .render()
         .lines()
-        .find(|line| line.starts_with(&series))
+        .find(|line| line.starts_with(series))
         .and_then(|line| line.rsplit(' ').next()?.parse().ok())
         .unwrap_or(0)
+}
+
+/// Node requests of one kind an engine has made: `lockedjob_redis_requests_total{op}`.
+fn requests(engine: &Redlock, op: &str) -> u64 {
+    series(
+        engine,
+        &format!("lockedjob_redis_requests_total{{op=\"{op}\"}}"),
+    )
 }
 
 /// Requests to one node for `op` that ended as `result`:
 /// `lockedjob_redis_request_duration_seconds_count{node, op, result}`.
 fn node_requests(engine: &Redlock, node: &str, op: &str, result: &str) -> u64 {
-    let series = format!(
-        "lockedjob_redis_request_duration_seconds_count{{node=\"{node}\",op=\"{op}\",result=\"{result}\"}}"
-    );
-    engine
-        .metrics()
-        .render()
-        .lines()
-        .find(|line| line.starts_with(&series))
-        .and_then(|line| line.rsplit(' ').next()?.parse().ok())
-        .unwrap_or(0)
+    let labels = format!("node=\"{node}\",op=\"{op}\",result=\"{result}\"");
+    series(
+        engine,
+        &format!("lockedjob_redis_request_duration_seconds_count{{{labels}}}"),
+    )
 }
 
 /// Phase-2 (fallback) node requests an engine has made.

@@ -149,22 +149,6 @@ fn holder_value(redis: &[String]) -> Option<String> {
         .cloned()
 }
 
-/// The host pid of pod `pod`'s sidecar process.
-fn sidecar_pid(pod: &str) -> Option<i32> {
-    let wanted = format!("POD_NAME={pod}");
-    std::fs::read_dir("/proc")
-        .ok()?
-        .flatten()
-        .find_map(|entry| {
-            let pid: i32 = entry.file_name().to_str()?.parse().ok()?;
-            let cmdline = std::fs::read(entry.path().join("cmdline")).ok()?;
-            let sidecar = cmdline.split(|b| *b == 0).any(|a| a == b"--sidecar");
-            let environ = std::fs::read(entry.path().join("environ")).ok()?;
-            let of_pod = environ.split(|b| *b == 0).any(|v| v == wanted.as_bytes());
-            (sidecar && of_pod).then_some(pid)
-        })
-}
-
 /// The leader's pod and its lock value, once both writer pods run and one holds the lock.
 fn leader(cluster: &LocalCluster, redis: &[String]) -> (String, String) {
     until(
@@ -176,7 +160,7 @@ fn leader(cluster: &LocalCluster, redis: &[String]) -> (String, String) {
                 .find(|(name, _)| value.contains(&format!("/{name}/")))?;
             let standby = writers.iter().find(|(name, _)| *name != held.0)?;
             // The standby campaigns once its sidecar runs.
-            sidecar_pid(&standby.0)?;
+            crate::support::sidecar_pid(&standby.0)?;
             Some((held.0.clone(), value))
         },
         "a leader and a running standby",
@@ -225,7 +209,7 @@ pub fn failovers(trials: usize) -> Vec<(&'static str, Vec<Duration>)> {
     let mut graceful = Vec::new();
     for _ in 0..trials {
         let (was, held) = leader(&cluster, &redis);
-        let pid = sidecar_pid(&was).expect("the leader's sidecar");
+        let pid = crate::support::sidecar_pid(&was).expect("the leader's sidecar");
         let killed = nix::sys::signal::kill(
             nix::unistd::Pid::from_raw(pid),
             nix::sys::signal::Signal::SIGKILL,

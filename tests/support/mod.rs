@@ -73,6 +73,23 @@ pub fn alive(pid: i32) -> bool {
         .unwrap_or(false)
 }
 
+/// The host pid of the `lockedjob elect --sidecar` process of pod `pod` on a real node (its
+/// containers are this host's processes): the one whose environment has `POD_NAME=pod`.
+pub fn sidecar_pid(pod: &str) -> Option<i32> {
+    let wanted = format!("POD_NAME={pod}");
+    std::fs::read_dir("/proc")
+        .ok()?
+        .flatten()
+        .find_map(|entry| {
+            let pid: i32 = entry.file_name().to_str()?.parse().ok()?;
+            let cmdline = std::fs::read(entry.path().join("cmdline")).ok()?;
+            let sidecar = cmdline.split(|b| *b == 0).any(|a| a == b"--sidecar");
+            let environ = std::fs::read(entry.path().join("environ")).ok()?;
+            let of_pod = environ.split(|b| *b == 0).any(|v| v == wanted.as_bytes());
+            (sidecar && of_pod).then_some(pid)
+        })
+}
+
 /// utime + stime of a process, in seconds.
 pub fn cpu_seconds(pid: u32) -> f64 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
