@@ -549,10 +549,7 @@ async fn the_example_leader_fails_over_when_its_sidecar_dies(
             values.push(key_on::<String>(*node, &password, key).await);
         }
         let values: Vec<String> = values.into_iter().flatten().collect();
-        values
-            .iter()
-            .find(|v| values.iter().filter(|w| w == v).count() * 2 > REDIS_NODES)
-            .cloned()
+        support::majority(&values, REDIS_NODES)
     };
     let held = poll(&majority_value)
         .await

@@ -143,10 +143,20 @@ fn holder_value(redis: &[String]) -> Option<String> {
             .ok()?
     };
     let values: Vec<String> = redis.iter().filter_map(read).collect();
-    values
-        .iter()
-        .find(|v| values.iter().filter(|w| w == v).count() * 2 > redis.len())
-        .cloned()
+    crate::support::majority(&values, redis.len())
+}
+
+/// The next holder's value, once a majority holds one other than `held`.
+fn next_value(redis: &[String], held: &str, what: &str) -> String {
+    until(|| holder_value(redis).filter(|v| v != held), what)
+}
+
+/// Deletes pod `pod` without waiting for it to go.
+fn delete_pod(cluster: &LocalCluster, pod: &str) {
+    kubectl(
+        cluster,
+        &["delete", "pod", "-n", NAMESPACE, pod, "--wait=false"],
+    );
 }
 
 /// The leader's pod and its lock value, once both writer pods run and one holds the lock.
@@ -216,40 +226,18 @@ pub fn failovers(trials: usize) -> Vec<(&'static str, Vec<Duration>)> {
         );
         killed.expect("kill -9 the sidecar");
         let stopped = Instant::now();
-        let next = until(
-            || holder_value(&redis).filter(|v| *v != held),
-            "a next leader after a crash",
-        );
+        let next = next_value(&redis, &held, "a next leader after a crash");
         crash.push(stopped.elapsed());
         // The killed pod's restarted sidecar may have won; otherwise it is replaced by a
         // fresh pod rather than left in restart back-off.
         if !next.contains(&format!("/{was}/")) {
-            let delete = [
-                "delete",
-                "pod",
-                "-n",
-                NAMESPACE,
-                was.as_str(),
-                "--wait=false",
-            ];
-            kubectl(&cluster, &delete);
+            delete_pod(&cluster, &was);
         }
 
         let (was, held) = leader(&cluster, &redis);
         let stopped = Instant::now();
-        let delete = [
-            "delete",
-            "pod",
-            "-n",
-            NAMESPACE,
-            was.as_str(),
-            "--wait=false",
-        ];
-        kubectl(&cluster, &delete);
-        until(
-            || holder_value(&redis).filter(|v| *v != held),
-            "a next leader after a delete",
-        );
+        delete_pod(&cluster, &was);
+        next_value(&redis, &held, "a next leader after a delete");
         graceful.push(stopped.elapsed());
     }
     vec![

@@ -73,6 +73,15 @@ pub fn alive(pid: i32) -> bool {
         .unwrap_or(false)
 }
 
+/// The value more than half of `nodes` nodes hold, among the `values` read from them (a node
+/// outside a holder's quorum may hold nothing, or an older value).
+pub fn majority(values: &[String], nodes: usize) -> Option<String> {
+    values
+        .iter()
+        .find(|v| values.iter().filter(|w| w == v).count() * 2 > nodes)
+        .cloned()
+}
+
 /// The host pid of the `lockedjob elect --sidecar` process of pod `pod` on a real node (its
 /// containers are this host's processes): the one whose environment has `POD_NAME=pod`.
 pub fn sidecar_pid(pod: &str) -> Option<i32> {

@@ -51,7 +51,6 @@ pub enum MirrorError {
 
 /// The pod this sidecar runs in, and the Lease that mirrors the election.
 pub struct PodMirror {
-    client: kube::Client,
     pods: Api<Pod>,
     leases: Api<KubeLease>,
     namespace: String,
@@ -68,8 +67,7 @@ impl PodMirror {
             .map_err(|e| MirrorError::Client(e.to_string()))?;
         Ok(Self {
             pods: Api::namespaced(client.clone(), namespace),
-            leases: Api::namespaced(client.clone(), namespace),
-            client,
+            leases: Api::namespaced(client, namespace),
             namespace: namespace.to_string(),
             pod: pod.to_string(),
             lock: lock.to_string(),
@@ -122,7 +120,7 @@ impl PodMirror {
             "spec": {"resourceAttributes": {"namespace": self.namespace, "verb": verb, "resource": resource}}
         }))
         .unwrap_or_default();
-        let reviews: Api<SelfSubjectAccessReview> = Api::all(self.client.clone());
+        let reviews: Api<SelfSubjectAccessReview> = Api::all(self.pods.clone().into_client());
         let answer = reviews
             .create(&PostParams::default(), &review)
             .await

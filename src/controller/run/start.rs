@@ -3,6 +3,7 @@
 //! `supervise`.
 
 use super::super::context::Context;
+use super::super::runs::RunKey;
 use super::launch::{self, Launched};
 use super::supervise::{supervise, HeldRun};
 use super::{jittered, step_of, HoldBack, NotStarted, Run, RunKind};
@@ -42,7 +43,7 @@ pub async fn start(ctx: Arc<Context>, run: Run) {
         if settled.holds(&key, Instant::now(), last_run) {
             return;
         }
-        match Box::pin(try_launch(&ctx, &run, last_run).instrument(span.clone())).await {
+        match Box::pin(try_launch(&ctx, &run, &key, last_run).instrument(span.clone())).await {
             Some(launched) => launched,
             None => return,
         }
@@ -83,6 +84,7 @@ pub async fn start(ctx: Arc<Context>, run: Run) {
 async fn try_launch(
     ctx: &Context,
     run: &Run,
+    key: &RunKey,
     last_run: u64,
 ) -> Option<Result<Launched, NotStarted>> {
     // The LockedJob's last run is ours and still holds the lock (its Job has finished in the
@@ -104,7 +106,7 @@ async fn try_launch(
         let until = Instant::now() + run.valid.timing.ttl;
         ctx.runs
             .settled
-            .set_until_changed(run.key(), until, last_run);
+            .set_until_changed(key.clone(), until, last_run);
         return None;
     }
     let manual = matches!(run.kind, RunKind::Manual);
