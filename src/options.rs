@@ -3,7 +3,7 @@
 
 use crate::redlock::{
     Credentials, RedlockConfig, TlsFiles, DEFAULT_CONNECT_TIMEOUT, DEFAULT_DRIFT_FACTOR,
-    DEFAULT_KEY_PREFIX, DEFAULT_REQUEST_TIMEOUT,
+    DEFAULT_KEY_PREFIX, DEFAULT_RELOAD_INTERVAL, DEFAULT_REQUEST_TIMEOUT,
 };
 use std::path::PathBuf;
 use std::time::Duration;
@@ -35,9 +35,18 @@ pub struct RedisOptions {
     /// Redis ACL user for every node (overrides any user in the URLs).
     #[arg(long, env = "LOCKEDJOB_REDIS_USERNAME")]
     pub redis_username: Option<String>,
-    /// Redis password for every node (overrides any password in the URLs). Prefer the env var.
+    /// Redis password for every node (overrides any password in the URLs). Prefer the env var,
+    /// or --redis-password-file, which can be rotated without a restart.
     #[arg(long, env = "LOCKEDJOB_REDIS_PASSWORD", hide_env_values = true)]
     pub redis_password: Option<String>,
+    /// File holding the Redis password (e.g. a mounted Secret), read again when it changes:
+    /// new connections use the new password, with no restart (README, "Rotation").
+    #[arg(
+        long,
+        env = "LOCKEDJOB_REDIS_PASSWORD_FILE",
+        conflicts_with = "redis_password"
+    )]
+    pub redis_password_file: Option<PathBuf>,
     /// PEM CA bundle that verifies rediss:// nodes (default: the system trust store).
     #[arg(long, env = "LOCKEDJOB_REDIS_CA_FILE")]
     pub redis_ca_file: Option<PathBuf>,
@@ -53,6 +62,9 @@ pub struct RedisOptions {
     /// Bound on opening a connection to one node (in the background).
     #[arg(long, env = "LOCKEDJOB_CONNECT_TIMEOUT", default_value = "500ms", value_parser = parse_duration)]
     pub connect_timeout: Duration,
+    /// How often the TLS files and the password file are read again for changes; 0: never.
+    #[arg(long, env = "LOCKEDJOB_RELOAD_INTERVAL", default_value = "10s", value_parser = parse_duration)]
+    pub reload_interval: Duration,
     /// Share of the TTL by which node clocks may drift.
     #[arg(long, default_value_t = DEFAULT_DRIFT_FACTOR)]
     pub drift_factor: f64,
@@ -80,12 +92,13 @@ impl RedisOptions {
                 .filter(|u| !u.is_empty())
                 .collect(),
         );
+        // An empty env var (a chart value left blank) means "not set".
+        let given = |path: &Option<PathBuf>| path.clone().filter(|p| !p.as_os_str().is_empty());
         config.credentials = Credentials {
             username: self.redis_username.clone().filter(|s| !s.is_empty()),
             password: self.redis_password.clone().filter(|s| !s.is_empty()),
+            password_file: given(&self.redis_password_file),
         };
-        // An empty env var (a chart value left blank) means "not set".
-        let given = |path: &Option<PathBuf>| path.clone().filter(|p| !p.as_os_str().is_empty());
         config.tls = TlsFiles {
             ca_file: given(&self.redis_ca_file),
             cert_file: given(&self.redis_cert_file),
@@ -93,6 +106,7 @@ impl RedisOptions {
         };
         config.request_timeout = self.request_timeout;
         config.connect_timeout = self.connect_timeout;
+        config.reload_interval = self.reload_interval;
         config.drift_factor = self.drift_factor;
         config.key_prefix = self.key_prefix.clone();
         config.holder = self.holder();
@@ -106,11 +120,13 @@ impl Default for RedisOptions {
             urls: Vec::new(),
             redis_username: None,
             redis_password: None,
+            redis_password_file: None,
             redis_ca_file: None,
             redis_cert_file: None,
             redis_key_file: None,
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            reload_interval: DEFAULT_RELOAD_INTERVAL,
             drift_factor: DEFAULT_DRIFT_FACTOR,
             key_prefix: DEFAULT_KEY_PREFIX.into(),
             cluster_id: "local".into(),

@@ -20,6 +20,7 @@ fn engine(nodes: &RedisNodes) -> Redlock {
     config.credentials = Credentials {
         username: Some(USER.into()),
         password: Some(PASSWORD.into()),
+        ..Default::default()
     };
     config.holder = "acl-test/runner".into();
     config.request_timeout = Duration::from_secs(2);
@@ -199,6 +200,7 @@ async fn a_wrong_password_or_unknown_user_is_reported_as_authentication() {
         config.credentials = Credentials {
             username: Some(user.into()),
             password: Some(password.into()),
+            ..Default::default()
         };
         config.request_timeout = Duration::from_secs(2);
         let engine = Redlock::new(config).expect("valid config");
@@ -215,4 +217,50 @@ async fn a_wrong_password_or_unknown_user_is_reported_as_authentication() {
             "{user}: the password leaked: {message}"
         );
     }
+}
+
+/// The README's answer to "may other lock clients share the nodes": the operator's user is
+/// refused `EVAL` (redsync's fallback when a node's script cache is empty), and the user the
+/// README gives such a client runs `EVAL` on its own keys but cannot touch the operator's.
+#[test]
+fn another_lock_client_needs_a_user_of_its_own_and_cannot_reach_the_operators_keys() {
+    let nodes = RedisNodes::start(1, Persistence::None).expect("redis node");
+    support::create_acl_user(&nodes, &support::readme_acl_setuser(PASSWORD));
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
+        .expect("README.md");
+    let other_user: Vec<String> = readme
+        .lines()
+        .find(|line| line.starts_with("ACL SETUSER redsync "))
+        .expect("the README's line for another client's user")
+        .split_whitespace()
+        .map(|word| word.replace("<password>", "other-secret"))
+        .collect();
+    let args: Vec<&str> = other_user.iter().map(String::as_str).collect();
+    nodes.nodes[0]
+        .command::<()>(&args)
+        .expect("create the other client's user");
+    let port = nodes.nodes[0].port();
+    let eval_as = |user: &str, password: &str, key: &str| -> redis::RedisResult<()> {
+        let client = redis::Client::open(format!("redis://{user}:{password}@127.0.0.1:{port}"))?;
+        let mut conn = client.get_connection_with_timeout(Duration::from_secs(2))?;
+        redis::cmd("EVAL")
+            .arg("return redis.call('SET', KEYS[1], 'x')")
+            .arg(1)
+            .arg(key)
+            .query(&mut conn)
+    };
+    let denied = |result: redis::RedisResult<()>| {
+        result.is_err_and(|e| {
+            e.to_string().contains("NOPERM") || e.to_string().contains("no permissions")
+        })
+    };
+    assert!(
+        denied(eval_as(USER, PASSWORD, "lockedjob:lock:x")),
+        "the operator's user has no EVAL"
+    );
+    eval_as("redsync", "other-secret", "redsync:lock").expect("EVAL on its own keys");
+    assert!(
+        denied(eval_as("redsync", "other-secret", "lockedjob:fence:x")),
+        "the other client cannot write the operator's fence"
+    );
 }

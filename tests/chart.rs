@@ -220,10 +220,19 @@ fn readme_acl_line() -> String {
 }
 
 fn lock_with(urls: Vec<String>, tls: lockedjob::redlock::TlsFiles) -> Result<u64, String> {
+    lock_as(urls, tls, PASSWORD)
+}
+
+fn lock_as(
+    urls: Vec<String>,
+    tls: lockedjob::redlock::TlsFiles,
+    password: &str,
+) -> Result<u64, String> {
     let mut config = lockedjob::redlock::RedlockConfig::new(urls);
     config.credentials = lockedjob::redlock::Credentials {
         username: Some("lockedjob".into()),
-        password: Some(PASSWORD.into()),
+        password: Some(password.into()),
+        ..Default::default()
     };
     config.tls = tls;
     config.request_timeout = Duration::from_secs(2);
@@ -400,6 +409,52 @@ fn a_restarted_chart_node_keeps_its_fences_with_the_password_on() {
             "monitoring {monitoring}: the token after a restart (one lock before it)"
         );
     }
+}
+
+/// The chart's part of a password rotation (README, "Rotation"): a node started with the
+/// Secret's next password accepts both; restarted once the Secret holds only the new one, it
+/// refuses the old.
+#[test]
+fn a_chart_node_accepts_the_next_password_until_restarted_without_it() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let port = support::free_port();
+    let url = vec![format!("redis://127.0.0.1:{port}")];
+    let server = Server(
+        start_script(dir.path(), port, 0)
+            .env("REDIS_PASSWORD", PASSWORD)
+            .env("REDIS_NEXT_PASSWORD", "the next one")
+            .spawn()
+            .expect("start start-redis.sh"),
+    );
+    let up = support::wait_until(Duration::from_secs(30), || {
+        lock_as(url.clone(), Default::default(), PASSWORD).is_ok()
+    });
+    assert!(
+        up,
+        "{:?}",
+        lock_as(url.clone(), Default::default(), PASSWORD)
+    );
+    assert!(
+        lock_as(url.clone(), Default::default(), "the next one").is_ok(),
+        "the next password is accepted beside the current one"
+    );
+    drop(server);
+    let _server = Server(
+        start_script(dir.path(), port, 0)
+            .env("REDIS_PASSWORD", "the next one")
+            .spawn()
+            .expect("restart start-redis.sh"),
+    );
+    let up = support::wait_until(Duration::from_secs(30), || {
+        lock_as(url.clone(), Default::default(), "the next one").is_ok()
+    });
+    assert!(up, "the new password after the restart");
+    let old = lock_as(url.clone(), Default::default(), PASSWORD);
+    assert!(
+        old.as_ref()
+            .is_err_and(|e| e.contains("authentication failed")),
+        "the old password is refused: {old:?}"
+    );
 }
 
 /// With a cert-manager style Secret mounted: TLS only, client certificates required, and the

@@ -203,6 +203,7 @@ async fn mutual_tls_needs_a_client_certificate_the_nodes_ca_signed() {
 fn tls_mistakes_are_caught_before_any_node_is_contacted() {
     let ca = TestCa::new("nodes");
     let client = ca.client("operator");
+    let other = ca.client("other");
     let not_pem = ca.dir().join("not.pem");
     std::fs::write(&not_pem, "hello").expect("write");
     let missing = PathBuf::from("/nonexistent/ca.crt");
@@ -245,6 +246,16 @@ fn tls_mistakes_are_caught_before_any_node_is_contacted() {
                 ..TlsFiles::default()
             },
             "holds no PEM private key",
+        ),
+        (
+            "key of another certificate",
+            tls_url(),
+            TlsFiles {
+                cert_file: Some(client.cert.clone()),
+                key_file: Some(other.key.clone()),
+                ..TlsFiles::default()
+            },
+            "is not the key of the client certificate",
         ),
         (
             "TLS files with a plain-text node",

@@ -5,6 +5,7 @@ use super::error::ConfigError;
 use super::timing::drift_allowance;
 use super::tls::TlsFiles;
 use redis::{ConnectionAddr, IntoConnectionInfo};
+use std::path::PathBuf;
 use std::time::Duration;
 
 /// Defaults of the protocol (docs/design.md).
@@ -13,12 +14,41 @@ pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
 pub const DEFAULT_DRIFT_FACTOR: f64 = 0.01;
 pub const DEFAULT_KEY_PREFIX: &str = "lockedjob";
 pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
+/// How often the TLS and password files are read again: a Secret mounted as a volume changes
+/// within about a minute of its update (the kubelet's sync period), so this adds little.
+pub const DEFAULT_RELOAD_INTERVAL: Duration = Duration::from_secs(10);
 
 /// Credentials applied to every node, overriding any in the URLs (e.g. from a Secret via env).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Credentials {
     pub username: Option<String>,
     pub password: Option<String>,
+    /// A file holding the password (a mounted Secret), read again when it changes, so that a
+    /// password can be rotated without a restart. Takes the place of `password`.
+    pub password_file: Option<PathBuf>,
+}
+
+impl Credentials {
+    /// The password to use now: the file's first line when a file is given.
+    fn current_password(&self) -> Result<Option<String>, ConfigError> {
+        let Some(path) = &self.password_file else {
+            return Ok(self.password.clone());
+        };
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError::PasswordFile {
+            path: path.display().to_string(),
+            reason: e.to_string(),
+        })?;
+        // `echo secret > file` and a Secret made from such a file end in a newline that is
+        // not part of the password.
+        let password = text.trim_end_matches(['\n', '\r']);
+        if password.is_empty() {
+            return Err(ConfigError::PasswordFile {
+                path: path.display().to_string(),
+                reason: "it is empty".into(),
+            });
+        }
+        Ok(Some(password.to_string()))
+    }
 }
 
 /// How the engine talks to its nodes and retries.
@@ -43,6 +73,9 @@ pub struct RedlockConfig {
     pub retry_max_delay: Duration,
     /// Keys are `{prefix}:lock:{name}` and `{prefix}:fence:{name}`.
     pub key_prefix: String,
+    /// How often the TLS files and the password file are read again for changes (`reload.rs`);
+    /// zero: never.
+    pub reload_interval: Duration,
     /// First part of every lock value, `{clusterId}/{podName}`: says who holds a lock.
     pub holder: String,
 }
@@ -60,11 +93,27 @@ impl RedlockConfig {
             retry_base_delay: Duration::from_millis(50),
             retry_max_delay: Duration::from_secs(1),
             key_prefix: DEFAULT_KEY_PREFIX.to_string(),
+            reload_interval: DEFAULT_RELOAD_INTERVAL,
             holder: default_holder(),
         }
     }
 
-    /// Checks the configuration and parses every node address.
+    /// The files read again for changes: the TLS files and the password file that were given.
+    pub(crate) fn watched_files(&self) -> Vec<PathBuf> {
+        [
+            &self.tls.ca_file,
+            &self.tls.cert_file,
+            &self.tls.key_file,
+            &self.credentials.password_file,
+        ]
+        .into_iter()
+        .flatten()
+        .cloned()
+        .collect()
+    }
+
+    /// Checks the configuration and parses every node address, reading the TLS and password
+    /// files as they are now.
     pub(crate) fn parse_nodes(&self) -> Result<Vec<ParsedNode>, ConfigError> {
         if self.nodes.is_empty() {
             return Err(ConfigError::NoNodes);
@@ -83,9 +132,14 @@ impl RedlockConfig {
         } else {
             Some(self.tls.load()?)
         };
+        let password = self.credentials.current_password()?;
         let mut parsed: Vec<ParsedNode> = Vec::with_capacity(self.nodes.len());
         for url in &self.nodes {
-            let mut node = parse_node(url, &self.credentials)?;
+            let mut node = parse_node(
+                url,
+                self.credentials.username.as_deref(),
+                password.as_deref(),
+            )?;
             if parsed.iter().any(|p| p.label == node.label) {
                 return Err(ConfigError::DuplicateNode { node: node.label });
             }
@@ -96,12 +150,6 @@ impl RedlockConfig {
                 node.tls = Some(certificates.clone());
             }
             parsed.push(node);
-        }
-        if parsed.len().is_multiple_of(2) {
-            tracing::warn!(
-                nodes = parsed.len(),
-                "an even number of Redis nodes tolerates no more failures than one node fewer; use an odd number"
-            );
         }
         Ok(parsed)
     }
@@ -142,7 +190,11 @@ pub(crate) struct ParsedNode {
     pub tls: Option<redis::TlsCertificates>,
 }
 
-fn parse_node(url: &str, credentials: &Credentials) -> Result<ParsedNode, ConfigError> {
+fn parse_node(
+    url: &str,
+    username: Option<&str>,
+    password: Option<&str>,
+) -> Result<ParsedNode, ConfigError> {
     let bad = |reason: &str| ConfigError::BadUrl {
         url: redact(url),
         reason: reason.to_string(),
@@ -165,10 +217,10 @@ fn parse_node(url: &str, credentials: &Credentials) -> Result<ParsedNode, Config
         return Err(bad("the host is missing"));
     }
     let mut settings = info.redis_settings().clone();
-    if let Some(user) = &credentials.username {
+    if let Some(user) = username {
         settings = settings.set_username(user);
     }
-    if let Some(password) = &credentials.password {
+    if let Some(password) = password {
         settings = settings.set_password(password);
     }
     let label = format!("{scheme}://{host}:{port}/{}", settings.db());
@@ -305,6 +357,40 @@ mod tests {
         assert_eq!(parsed[0].label, "redis://10.0.0.1:6380/1");
         assert_eq!(parsed[0].info.redis_settings().password(), Some("fromenv"));
         assert_eq!(parsed[0].info.redis_settings().username(), Some("alice"));
+    }
+
+    #[test]
+    fn a_password_file_takes_the_place_of_the_password() {
+        let dir = std::env::temp_dir().join(format!("lockedjob-pw-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("password");
+        let with_file = |contents: Option<&str>| {
+            match contents {
+                Some(text) => std::fs::write(&file, text).unwrap(),
+                None => {
+                    let _ = std::fs::remove_file(&file);
+                }
+            }
+            let mut cfg = config(&["redis://:inurl@a:1"]);
+            cfg.credentials.password = Some("given".into());
+            cfg.credentials.password_file = Some(file.clone());
+            cfg.parse_nodes()
+                .map(|parsed| parsed[0].info.redis_settings().password().map(String::from))
+                .map_err(|e| e.to_string())
+        };
+        assert_eq!(with_file(Some("s3cret\n")), Ok(Some("s3cret".into())));
+        assert_eq!(
+            with_file(Some("with space\r\n")),
+            Ok(Some("with space".into()))
+        );
+        let empty = with_file(Some("\n")).unwrap_err();
+        assert!(
+            empty.contains("is empty") && empty.contains("password"),
+            "{empty}"
+        );
+        let missing = with_file(None).unwrap_err();
+        assert!(missing.contains(&file.display().to_string()), "{missing}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

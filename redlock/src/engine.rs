@@ -8,6 +8,7 @@ use super::inspect::{LockView, NodeView};
 use super::lease::{holder_of, most_common, Lease};
 use super::node::Node;
 use super::phase1::{self, Decision, Tally, Vote};
+use super::reload;
 use super::scripts;
 use super::timing::{backoff, drift_allowance, quorum, validity};
 use crate::metrics::{LockMetrics, Outcome};
@@ -78,6 +79,31 @@ fn send_holder_reads(
     Box::pin(async move { engine.current_holders(&names).await })
 }
 
+/// The TLS or password files changed: new connections use what they hold now, if it is usable;
+/// if not, a warning names the file and the material read before stays in use.
+fn reload_material(inner: &Inner) {
+    let applied = inner.config.parse_nodes().and_then(|parsed| {
+        for (node, parsed) in inner.nodes.iter().zip(parsed) {
+            node.replace_material(parsed)
+                .map_err(|e| ConfigError::BadUrl {
+                    url: node.label.clone(),
+                    reason: e.to_string(),
+                })?;
+        }
+        Ok(())
+    });
+    match applied {
+        Ok(()) => {
+            inner.metrics.record_material_reload(true);
+            tracing::info!("TLS or password files changed: new connections use them");
+        }
+        Err(err) => {
+            inner.metrics.record_material_reload(false);
+            tracing::warn!(error = %err, "TLS or password files changed but cannot be used; connections keep the ones read before");
+        }
+    }
+}
+
 /// Held for a map lookup or insert, never across an await; a poisoned map is still a map.
 fn lock_seen(
     seen: &Mutex<HashMap<String, u64>>,
@@ -108,14 +134,23 @@ struct Round<T> {
 
 impl Redlock {
     /// Validates the configuration. Connects lazily: nodes that are down now are retried on use.
-    /// Counts into metrics of its own; see [`Redlock::with_metrics`].
+    /// Counts into metrics of its own; see [`Redlock::with_metrics`]. Inside a Tokio runtime,
+    /// the TLS and password files are read again every `reload_interval` while the engine
+    /// lives, and new connections use what changed.
     pub fn new(config: RedlockConfig) -> Result<Self, ConfigError> {
         Self::with_metrics(config, LockMetrics::new())
     }
 
     /// Like [`Redlock::new`], counting into `metrics` (the operator's, which `/metrics` shows).
     pub fn with_metrics(config: RedlockConfig, metrics: LockMetrics) -> Result<Self, ConfigError> {
+        let watch = reload::Watch::new(config.watched_files());
         let parsed = config.parse_nodes()?;
+        if parsed.len().is_multiple_of(2) {
+            tracing::warn!(
+                nodes = parsed.len(),
+                "an even number of Redis nodes tolerates no more failures than one node fewer; use an odd number"
+            );
+        }
         let nodes = parsed
             .into_iter()
             .map(|node| {
@@ -128,7 +163,8 @@ impl Redlock {
                 })
             })
             .collect::<Result<Vec<_>, _>>()?;
-        Ok(Self {
+        let reload_interval = config.reload_interval;
+        let engine = Self {
             inner: Arc::new(Inner {
                 quorum: quorum(nodes.len()),
                 nodes,
@@ -140,7 +176,9 @@ impl Redlock {
                 hints: Batcher::new(send_hints as SendBatch<_, _, _>),
                 holder_reads: Batcher::new(send_holder_reads as SendBatch<_, _, _>),
             }),
-        })
+        };
+        reload::spawn(engine.downgrade(), watch, reload_interval, reload_material);
+        Ok(engine)
     }
 
     /// The same engine, but asking nodes one after the other: a baseline for the benchmark.

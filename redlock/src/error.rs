@@ -75,6 +75,12 @@ impl NodeErrorKind {
         }
     }
 
+    /// The connection itself failed (closed, reset, or its TLS session broke), as opposed to
+    /// the node answering: a fresh connection may succeed.
+    pub(crate) fn means_connection_lost(&self) -> bool {
+        matches!(self, Self::Refused | Self::Unresolved | Self::Tls(_))
+    }
+
     /// Classify a redis-rs error into what an operator needs to know.
     pub(crate) fn from_redis(err: &redis::RedisError) -> Self {
         use redis::{ErrorKind, ServerErrorKind};
@@ -200,6 +206,8 @@ pub enum ConfigError {
         path: String,
         reason: String,
     },
+    #[error("Redis password file {path:?} cannot be used: {reason}")]
+    PasswordFile { path: String, reason: String },
     #[error("a client certificate and its key go together: give both --redis-cert-file and --redis-key-file (LOCKEDJOB_REDIS_CERT_FILE, LOCKEDJOB_REDIS_KEY_FILE), or neither")]
     ClientCertWithoutKey,
     #[error("TLS files are given but Redis node {node} is plain redis://, which would send the lock traffic unencrypted: use rediss:// for every node")]

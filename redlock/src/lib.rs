@@ -120,6 +120,7 @@ mod lease;
 mod metrics;
 mod node;
 mod phase1;
+mod reload;
 mod scripts;
 pub mod timing;
 mod tls;
@@ -127,8 +128,8 @@ mod watchdog;
 
 pub use config::{
     default_holder, holder, split_node_list, Credentials, LeaseTiming, RedlockConfig,
-    DEFAULT_CONNECT_TIMEOUT, DEFAULT_DRIFT_FACTOR, DEFAULT_KEY_PREFIX, DEFAULT_REQUEST_TIMEOUT,
-    DEFAULT_TTL,
+    DEFAULT_CONNECT_TIMEOUT, DEFAULT_DRIFT_FACTOR, DEFAULT_KEY_PREFIX, DEFAULT_RELOAD_INTERVAL,
+    DEFAULT_REQUEST_TIMEOUT, DEFAULT_TTL,
 };
 pub use engine::{Redlock, StepHint};
 pub use error::{ConfigError, LockError, NodeErrorKind, NodeFailure};

@@ -62,6 +62,7 @@ pub struct LockMetrics {
     releases: Counter,
     lease_losses: Counter,
     nodes_reachable: Gauge,
+    material_reloads: Family<ResultLabel, Counter>,
 }
 
 impl Default for LockMetrics {
@@ -81,6 +82,7 @@ impl LockMetrics {
             releases: Counter::default(),
             lease_losses: Counter::default(),
             nodes_reachable: Gauge::default(),
+            material_reloads: Family::default(),
         }
     }
 
@@ -122,6 +124,11 @@ impl LockMetrics {
             "redis_nodes_reachable",
             "Redis nodes that answered the last probe",
             self.nodes_reachable.clone(),
+        );
+        registry.register(
+            "redis_credential_reloads",
+            "Changes seen in the TLS or password files, by result: applied (new connections use them) or refused (unusable; the old ones stay in use)",
+            self.material_reloads.clone(),
         );
     }
 
@@ -180,6 +187,13 @@ impl LockMetrics {
                 result,
             })
             .observe(took.as_secs_f64());
+    }
+
+    pub fn record_material_reload(&self, applied: bool) {
+        let result = if applied { "applied" } else { "refused" };
+        self.material_reloads
+            .get_or_create(&ResultLabel { result })
+            .inc();
     }
 
     pub fn set_nodes_reachable(&self, nodes: usize) {

@@ -1,6 +1,12 @@
 //! One Redis node: a lazily (re)connected multiplexed connection, every request bounded by the
 //! per-node timeout. Connecting happens in a background task so that a slow handshake is shared
 //! by later requests instead of being restarted by each, and a dead node costs one timeout.
+//!
+//! When the TLS files or the password change (`reload.rs`), the node gets a new client and
+//! replaces its connection make-before-break: requests keep using the open connection until a
+//! new one, opened with the new material, is ready; if the node refuses the new material, the
+//! old connection stays in use and a warning says so
+//! (docs/design.md, "Rotating certificates and passwords").
 
 use super::config::ParsedNode;
 use super::error::NodeErrorKind;
@@ -10,7 +16,7 @@ use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Client, FromRedisValue, ScriptInvocation};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 type ConnectResult = Result<MultiplexedConnection, NodeErrorKind>;
 
@@ -20,15 +26,29 @@ enum Slot {
     Ready {
         conn: MultiplexedConnection,
         generation: u64,
+        /// The client (TLS material and password) it was opened with.
+        material: u64,
     },
+}
+
+/// A connection opened under newer material to take the place of the one in use.
+#[derive(Clone, Copy)]
+enum Replacement {
+    None,
+    Opening,
+    /// The node refused the new material then; try again after `RETRY_REPLACEMENT`.
+    FailedAt(Instant),
 }
 
 /// After this many timeouts in a row the connection is presumed dead and replaced.
 const TIMEOUTS_BEFORE_RECONNECT: u32 = 3;
 
+/// How long a node that refused new material keeps the old connection before the next try:
+/// in a rotation the nodes may learn the new CA a little after the clients.
+const RETRY_REPLACEMENT: Duration = Duration::from_secs(5);
+
 pub(crate) struct Node {
     pub(crate) label: String,
-    client: Client,
     slot: Arc<Mutex<SlotState>>,
     request_timeout: Duration,
     connect_timeout: Duration,
@@ -38,6 +58,18 @@ pub(crate) struct Node {
 struct SlotState {
     slot: Slot,
     next_generation: u64,
+    /// What new connections are opened with, and its number: each reload makes a new one.
+    client: Client,
+    material: u64,
+    replacement: Replacement,
+}
+
+/// A connection for one request, and whether it was open before the request (a connection
+/// found broken then is worth one retry on a fresh one).
+struct Checkout {
+    conn: MultiplexedConnection,
+    generation: u64,
+    reused: bool,
 }
 
 impl Node {
@@ -47,14 +79,13 @@ impl Node {
         connect_timeout: Duration,
     ) -> Result<Self, redis::RedisError> {
         Ok(Self {
-            label: parsed.label,
-            client: match parsed.tls {
-                Some(certificates) => Client::build_with_tls(parsed.info, certificates)?,
-                None => Client::open(parsed.info)?,
-            },
+            label: parsed.label.clone(),
             slot: Arc::new(Mutex::new(SlotState {
                 slot: Slot::Empty,
                 next_generation: 0,
+                client: client_of(parsed)?,
+                material: 0,
+                replacement: Replacement::None,
             })),
             request_timeout,
             connect_timeout,
@@ -62,25 +93,35 @@ impl Node {
         })
     }
 
+    /// New connections use `parsed`'s password and TLS material from now on; the open
+    /// connection is replaced make-before-break.
+    pub(crate) fn replace_material(&self, parsed: ParsedNode) -> Result<(), redis::RedisError> {
+        let client = client_of(parsed)?;
+        let mut state = lock(&self.slot);
+        state.client = client;
+        state.material += 1;
+        state.replacement = Replacement::None;
+        if matches!(state.slot, Slot::Ready { .. }) {
+            self.open_replacement(&mut state);
+        }
+        Ok(())
+    }
+
     /// Runs a script on this node, bounded by the request timeout (connecting included) and by
-    /// `limit`, e.g. what is left of a lease.
+    /// `limit`, e.g. what is left of a lease. A connection that was open before and turns out
+    /// broken (the node restarted, or closed it) gets one retry on a fresh connection: every
+    /// script is safe to repeat (`scripts.rs`).
     pub(crate) async fn run_within<T: FromRedisValue>(
         &self,
         request: &ScriptInvocation<'_>,
         limit: Duration,
     ) -> Result<T, NodeErrorKind> {
         let attempt = async {
-            let (mut conn, generation) = self.connection().await?;
-            match request.invoke_async::<T>(&mut conn).await {
-                Ok(value) => Ok(value),
-                Err(err) => {
-                    let kind = NodeErrorKind::from_redis(&err);
-                    let lost = matches!(kind, NodeErrorKind::Refused | NodeErrorKind::Unresolved);
-                    if lost || err.is_unrecoverable_error() {
-                        self.invalidate(generation);
-                    }
-                    Err(kind)
+            match self.send(request).await {
+                Err((kind, true)) if kind.means_connection_lost() => {
+                    self.send(request).await.map_err(|(kind, _)| kind)
                 }
+                other => other.map_err(|(kind, _)| kind),
             }
         };
         match tokio::time::timeout(limit.min(self.request_timeout), attempt).await {
@@ -101,14 +142,46 @@ impl Node {
         }
     }
 
-    async fn connection(&self) -> Result<(MultiplexedConnection, u64), NodeErrorKind> {
+    /// One try; a failure says whether the connection had been open before this request.
+    async fn send<T: FromRedisValue>(
+        &self,
+        request: &ScriptInvocation<'_>,
+    ) -> Result<T, (NodeErrorKind, bool)> {
+        let mut checkout = self.connection().await.map_err(|kind| (kind, false))?;
+        request
+            .invoke_async::<T>(&mut checkout.conn)
+            .await
+            .map_err(|err| {
+                let kind = NodeErrorKind::from_redis(&err);
+                if kind.means_connection_lost() || err.is_unrecoverable_error() {
+                    self.invalidate(checkout.generation);
+                }
+                (kind, checkout.reused)
+            })
+    }
+
+    async fn connection(&self) -> Result<Checkout, NodeErrorKind> {
         let pending = {
             let mut state = lock(&self.slot);
             match &state.slot {
-                Slot::Ready { conn, generation } => return Ok((conn.clone(), *generation)),
+                Slot::Ready {
+                    conn,
+                    generation,
+                    material,
+                } => {
+                    let checkout = Checkout {
+                        conn: conn.clone(),
+                        generation: *generation,
+                        reused: true,
+                    };
+                    if *material < state.material {
+                        self.open_replacement(&mut state);
+                    }
+                    return Ok(checkout);
+                }
                 Slot::Connecting(pending) => pending.clone(),
                 Slot::Empty => {
-                    let pending = self.spawn_connect(state.next_generation);
+                    let pending = self.spawn_connect(&mut state);
                     state.slot = Slot::Connecting(pending.clone());
                     pending
                 }
@@ -119,44 +192,33 @@ impl Node {
             Slot::Ready { generation, .. } => *generation,
             _ => u64::MAX,
         };
-        Ok((conn, generation))
+        Ok(Checkout {
+            conn,
+            generation,
+            reused: false,
+        })
     }
 
-    fn spawn_connect(&self, generation: u64) -> Shared<BoxFuture<'static, ConnectResult>> {
-        let client = self.client.clone();
+    fn spawn_connect(&self, state: &mut SlotState) -> Shared<BoxFuture<'static, ConnectResult>> {
+        let (generation, material) = (state.next_generation, state.material);
+        state.next_generation += 1;
+        let opening = open(state.client.clone(), self.connect_timeout);
         let slot = Arc::clone(&self.slot);
-        let connect_timeout = self.connect_timeout;
-        let config = AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(connect_timeout))
-            // Requests are bounded by the engine, per call, not by the connection.
-            .set_response_timeout(None);
         let task = tokio::spawn(async move {
-            let connect = async {
-                let mut conn = client
-                    .get_multiplexed_async_connection_with_config(&config)
-                    .await?;
-                // Load every script before the first request: a NOSCRIPT reply would cost a
-                // second round trip, and if its request had already timed out the reload would
-                // never happen (a release lost after a blip).
-                scripts::load_all(&mut conn).await?;
-                Ok::<_, redis::RedisError>(conn)
-            };
-            let result = match tokio::time::timeout(connect_timeout, connect).await {
-                Ok(Ok(conn)) => Ok(conn),
-                Ok(Err(err)) => Err(NodeErrorKind::from_redis(&err)),
-                Err(_) => Err(NodeErrorKind::Timeout),
-            };
+            let result = opening.await;
             let mut state = lock(&slot);
-            state.slot = match &result {
+            match &result {
                 Ok(conn) => {
-                    state.next_generation = generation + 1;
-                    Slot::Ready {
+                    state.slot = Slot::Ready {
                         conn: conn.clone(),
                         generation,
+                        material,
                     }
                 }
-                Err(_) => Slot::Empty,
-            };
+                // A replacement may have filled the slot meanwhile; keep it.
+                Err(_) if matches!(state.slot, Slot::Connecting(_)) => state.slot = Slot::Empty,
+                Err(_) => {}
+            }
             result
         });
         async move {
@@ -165,6 +227,45 @@ impl Node {
         }
         .boxed()
         .shared()
+    }
+
+    /// Opens a connection with the current material in the background; the open one stays in
+    /// use until it is ready. At most one at a time, and not again soon after a refusal.
+    fn open_replacement(&self, state: &mut SlotState) {
+        match state.replacement {
+            Replacement::Opening => return,
+            Replacement::FailedAt(when) if when.elapsed() < RETRY_REPLACEMENT => return,
+            _ => {}
+        }
+        state.replacement = Replacement::Opening;
+        let (generation, material) = (state.next_generation, state.material);
+        state.next_generation += 1;
+        let opening = open(state.client.clone(), self.connect_timeout);
+        let slot = Arc::clone(&self.slot);
+        let label = self.label.clone();
+        tokio::spawn(async move {
+            let result = opening.await;
+            let mut state = lock(&slot);
+            if state.material != material {
+                // Newer material arrived meanwhile; its own replacement is on the way.
+                return;
+            }
+            match result {
+                Ok(conn) => {
+                    state.replacement = Replacement::None;
+                    state.slot = Slot::Ready {
+                        conn,
+                        generation,
+                        material,
+                    };
+                    tracing::info!(node = %label, "connection replaced with one opened with the new TLS files or password");
+                }
+                Err(kind) => {
+                    state.replacement = Replacement::FailedAt(Instant::now());
+                    tracing::warn!(node = %label, error = %kind, "the node refused a connection with the new TLS files or password; the connection opened before stays in use, retrying in {RETRY_REPLACEMENT:?}");
+                }
+            }
+        });
     }
 
     /// Drops the connection of `generation` so that the next request reconnects.
@@ -181,6 +282,39 @@ impl Node {
             state.slot = Slot::Empty;
         }
     }
+}
+
+fn client_of(parsed: ParsedNode) -> Result<Client, redis::RedisError> {
+    match parsed.tls {
+        Some(certificates) => Client::build_with_tls(parsed.info, certificates),
+        None => Client::open(parsed.info),
+    }
+}
+
+/// Connects and loads the scripts, within `connect_timeout`.
+fn open(client: Client, connect_timeout: Duration) -> BoxFuture<'static, ConnectResult> {
+    let config = AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(connect_timeout))
+        // Requests are bounded by the engine, per call, not by the connection.
+        .set_response_timeout(None);
+    async move {
+        let connect = async {
+            let mut conn = client
+                .get_multiplexed_async_connection_with_config(&config)
+                .await?;
+            // Load every script before the first request: a NOSCRIPT reply would cost a
+            // second round trip, and if its request had already timed out the reload would
+            // never happen (a release lost after a blip).
+            scripts::load_all(&mut conn).await?;
+            Ok::<_, redis::RedisError>(conn)
+        };
+        match tokio::time::timeout(connect_timeout, connect).await {
+            Ok(Ok(conn)) => Ok(conn),
+            Ok(Err(err)) => Err(NodeErrorKind::from_redis(&err)),
+            Err(_) => Err(NodeErrorKind::Timeout),
+        }
+    }
+    .boxed()
 }
 
 /// The slot mutex is held only for a few instructions and never across an await; a poisoned

@@ -1,11 +1,12 @@
 //! TLS to the nodes: the CA bundle that verifies them and the client certificate that mutual TLS
-//! asks for, read and checked once at start-up. What a failed handshake tells the user is in
-//! `handshake.rs`.
+//! asks for, read and checked at start-up and again whenever the files change (`reload.rs`).
+//! What a failed handshake tells the user is in `handshake.rs`.
 
 use super::error::ConfigError;
 use redis::{ClientTlsConfig, TlsCertificates};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::sign::CertifiedKey;
 use std::path::{Path, PathBuf};
 
 /// PEM files for `rediss://` nodes. Without a CA file the system's trust store verifies nodes;
@@ -35,13 +36,7 @@ impl TlsFiles {
             (Some(cert_path), Some(key_path)) => {
                 let client_cert = read_certificates(cert_path, "client certificate file")?;
                 let client_key = read(key_path, "client key file")?;
-                PrivateKeyDer::from_pem_slice(&client_key).map_err(|e| {
-                    tls_file_error(
-                        "client key file",
-                        key_path,
-                        &format!("it holds no PEM private key ({e})"),
-                    )
-                })?;
+                check_key_matches(&client_cert, cert_path, &client_key, key_path)?;
                 Some(ClientTlsConfig {
                     client_cert,
                     client_key,
@@ -52,6 +47,54 @@ impl TlsFiles {
             client_tls,
             root_cert,
         })
+    }
+}
+
+/// A key that is not the certificate's would fail every handshake, on every node, as "the node
+/// refused our certificate"; in a rotation the key and the certificate are written apart, so
+/// say which it is, before any node sees them.
+fn check_key_matches(
+    cert_pem: &[u8],
+    cert_path: &Path,
+    key_pem: &[u8],
+    key_path: &Path,
+) -> Result<(), ConfigError> {
+    let key = PrivateKeyDer::from_pem_slice(key_pem).map_err(|e| {
+        tls_file_error(
+            "client key file",
+            key_path,
+            &format!("it holds no PEM private key ({e})"),
+        )
+    })?;
+    let chain = CertificateDer::pem_slice_iter(cert_pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| {
+            tls_file_error(
+                "client certificate file",
+                cert_path,
+                &format!("it is not valid PEM ({e})"),
+            )
+        })?;
+    let signing_key = rustls::crypto::ring::sign::any_supported_type(&key).map_err(|e| {
+        tls_file_error(
+            "client key file",
+            key_path,
+            &format!("its key type is not supported ({e})"),
+        )
+    })?;
+    match CertifiedKey::new(chain, signing_key).keys_match() {
+        Err(rustls::Error::InconsistentKeys(rustls::InconsistentKeys::KeyMismatch)) => {
+            Err(tls_file_error(
+                "client key file",
+                key_path,
+                &format!(
+                    "it is not the key of the client certificate {}",
+                    cert_path.display()
+                ),
+            ))
+        }
+        // A key type whose public half cannot be derived: the handshake will tell.
+        _ => Ok(()),
     }
 }
 

@@ -11,6 +11,8 @@
 #                          engine needs, on keys under REDIS_KEY_PREFIX only, and nobody
 #                          can log in as the default user (written to a private include file as
 #                          a SHA-256, never on the command line where `ps` would show it)
+#   REDIS_NEXT_PASSWORD    when set too: a second password the same users accept, for a
+#                          rotation (README, "Rotation")
 #   REDIS_USER             that user's name (default lockedjob)
 #   REDIS_KEY_PREFIX       the operator's key prefix (default lockedjob)
 #   REDIS_MONITORING_USER  when "yes", the user `monitoring` logs in with the same password,
@@ -59,15 +61,18 @@ auth="$runtime_dir/node.conf"
 : > "$auth"
 if [ -n "${REDIS_PASSWORD:-}" ]; then
   # A SHA-256 in the file: no escaping to get wrong, and no password at rest.
-  hash=$(printf '%s' "$REDIS_PASSWORD" | sha256sum | cut -d' ' -f1)
-  printf 'user %s on #%s resetkeys ~%s:* %s\n' "$user" "$hash" "$prefix" "$engine_rights" >> "$auth"
+  passwords="#$(printf '%s' "$REDIS_PASSWORD" | sha256sum | cut -d' ' -f1)"
+  if [ -n "${REDIS_NEXT_PASSWORD:-}" ]; then
+    passwords="$passwords #$(printf '%s' "$REDIS_NEXT_PASSWORD" | sha256sum | cut -d' ' -f1)"
+  fi
+  printf 'user %s on %s resetkeys ~%s:* %s\n' "$user" "$passwords" "$prefix" "$engine_rights" >> "$auth"
   # Nobody can log in as the default user, but it keeps every right: Redis replays the
   # append-only file's MULTI/EXEC blocks (what the engine's scripts write) as the default user
   # and re-checks EXEC against its rights (redis/redis#14541). Without them a restarted node
   # would come back without its locks and fences, and tokens could go backwards.
   printf 'user default off ~* &* +@all\n' >> "$auth"
   if [ "${REDIS_MONITORING_USER:-no}" = yes ]; then
-    printf 'user %s on #%s resetkeys %s\n' "$monitoring_user" "$hash" "$monitoring_rights" >> "$auth"
+    printf 'user %s on %s resetkeys %s\n' "$monitoring_user" "$passwords" "$monitoring_rights" >> "$auth"
   fi
 fi
 if [ -n "${REDIS_TLS_DIR:-}" ]; then
