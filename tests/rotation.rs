@@ -13,38 +13,20 @@ use lockedjob::redlock::{
     Credentials, LeaseTiming, LockError, Redlock, RedlockConfig, TlsFiles, Watchdog,
 };
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use support::pki::{CertFiles, TestCa, Validity};
+use support::rotation::{
+    bundle, config_set, install, install_pair, kill_clients, read, set_password_rule, tls_secret,
+    SecretVolume,
+};
 use support::{lockedjob_bin, wait_until, NodeTls, Persistence, RedisNodes};
 
 const JOB: &str = "rotation-job";
 const PERIOD: Duration = Duration::from_secs(1);
 const REPLICAS: usize = 3;
 const RELOAD: Duration = Duration::from_millis(100);
-
-/// Replaces `to` with `contents` the way the kubelet updates a Secret volume: all at once.
-fn install(to: &Path, contents: &[u8]) {
-    let staging = to.with_extension("new");
-    std::fs::write(&staging, contents).expect("write staging file");
-    std::fs::rename(&staging, to).expect("rename into place");
-}
-
-fn read(path: &Path) -> Vec<u8> {
-    std::fs::read(path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()))
-}
-
-/// One PEM file holding every CA given: a trust bundle.
-fn bundle(cas: &[&TestCa]) -> Vec<u8> {
-    cas.iter().flat_map(|ca| read(&ca.ca_file)).collect()
-}
-
-fn install_pair(to: &CertFiles, from: &CertFiles) {
-    install(&to.key, &read(&from.key));
-    install(&to.cert, &read(&from.cert));
-}
 
 fn engine(urls: Vec<String>, tls: TlsFiles, credentials: Credentials, holder: &str) -> Redlock {
     let mut config = RedlockConfig::new(urls);
@@ -188,22 +170,6 @@ fn last_client_ids(nodes: &RedisNodes) -> Vec<u64> {
         .collect()
 }
 
-fn kill_clients(nodes: &RedisNodes) {
-    for node in &nodes.nodes {
-        let _: u64 = node
-            .command(&["CLIENT", "KILL", "TYPE", "normal"])
-            .expect("CLIENT KILL");
-    }
-}
-
-fn config_set(nodes: &RedisNodes, parameter: &str, value: &Path) {
-    for node in &nodes.nodes {
-        let _: String = node
-            .command(&["CONFIG", "SET", parameter, &value.display().to_string()])
-            .unwrap_or_else(|e| panic!("CONFIG SET {parameter} on {}: {e}", node.url()));
-    }
-}
-
 async fn hold_a_lease(engine: &Redlock) -> Watchdog {
     let ttl = Duration::from_secs(3);
     let lease = engine
@@ -211,60 +177,6 @@ async fn hold_a_lease(engine: &Redlock) -> Watchdog {
         .await
         .expect("leader lease");
     Watchdog::spawn(engine.clone(), lease, LeaseTiming::from_ttl(ttl))
-}
-
-/// A directory laid out as the kubelet lays out a Secret volume: each file a symlink into
-/// `..data`, itself a symlink to a directory of one version, swapped in one rename. A reader
-/// sees the old files or the new ones, never a mix (a new certificate with the old key).
-struct SecretVolume {
-    dir: PathBuf,
-    versions: u32,
-}
-
-impl SecretVolume {
-    fn new(dir: PathBuf, files: &[(&str, Vec<u8>)]) -> Self {
-        std::fs::create_dir_all(&dir).expect("volume dir");
-        let mut volume = Self { dir, versions: 0 };
-        volume.update(files);
-        for (name, _) in files {
-            std::os::unix::fs::symlink(format!("..data/{name}"), volume.path(name))
-                .expect("file symlink");
-        }
-        volume
-    }
-
-    fn path(&self, name: &str) -> PathBuf {
-        self.dir.join(name)
-    }
-
-    fn update(&mut self, files: &[(&str, Vec<u8>)]) {
-        self.versions += 1;
-        let version = format!("..v{}", self.versions);
-        std::fs::create_dir(self.dir.join(&version)).expect("version dir");
-        for (name, contents) in files {
-            std::fs::write(self.dir.join(&version).join(name), contents).expect("write");
-        }
-        let staging = self.dir.join("..data_tmp");
-        std::os::unix::fs::symlink(&version, &staging).expect("data symlink");
-        std::fs::rename(&staging, self.dir.join("..data")).expect("swap ..data");
-    }
-
-    /// The engine's TLS files: `ca.crt`, `tls.crt`, `tls.key`, as cert-manager names them.
-    fn tls(&self) -> TlsFiles {
-        TlsFiles {
-            ca_file: Some(self.path("ca.crt")),
-            cert_file: Some(self.path("tls.crt")),
-            key_file: Some(self.path("tls.key")),
-        }
-    }
-}
-
-fn tls_secret(ca: Vec<u8>, pair: &CertFiles) -> Vec<(&'static str, Vec<u8>)> {
-    vec![
-        ("ca.crt", ca),
-        ("tls.crt", read(&pair.cert)),
-        ("tls.key", read(&pair.key)),
-    ]
 }
 
 /// Waits until every engine applied one more change of its files than `before` says.
@@ -408,25 +320,7 @@ async fn the_ca_and_client_certificate_rotate_with_no_run_missed_doubled_or_leas
 async fn the_password_rotates_with_no_run_missed_doubled_or_lease_lost() {
     const USER: &str = "lockedjob";
     let nodes = RedisNodes::start(3, Persistence::None).expect("start nodes");
-    let acl = |change: &str| {
-        for node in &nodes.nodes {
-            let rights = support::readme_acl_setuser("unused");
-            // The README's rights, with the password changes of this step.
-            let mut args: Vec<&str> = vec!["ACL", "SETUSER", USER];
-            args.extend(
-                rights
-                    .iter()
-                    .skip(3)
-                    .filter(|word| !word.starts_with('>'))
-                    .map(String::as_str),
-            );
-            args.push(change);
-            let _: String = node
-                .command(&args)
-                .unwrap_or_else(|e| panic!("ACL SETUSER {args:?}: {e}"));
-        }
-    };
-    acl(">old-password");
+    set_password_rule(&nodes, USER, ">old-password");
     let dir = tempfile::tempdir().expect("temp dir");
     let password_file = dir.path().join("password");
     install(&password_file, b"old-password\n");
@@ -452,12 +346,12 @@ async fn the_password_rotates_with_no_run_missed_doubled_or_lease_lost() {
 
     // The README's sequence: the new password on every node, then the Secret, then the old
     // password removed once every replica uses the new one.
-    acl(">new-password");
+    set_password_rule(&nodes, USER, ">new-password");
     let before = applied(&engines);
     install(&password_file, b"new-password\n");
     wait_applied(&engines, &before);
     replicas.wait_for_steps(2).await;
-    acl("<old-password");
+    set_password_rule(&nodes, USER, "<old-password");
     kill_clients(&nodes);
     replicas.wait_for_steps(3).await;
 

@@ -259,6 +259,18 @@ impl Replica {
         name: &str,
         dir: &Path,
     ) -> Self {
+        Self::start_with_env(cluster, urls, cluster_id, name, dir, &[])
+    }
+
+    /// [`Replica::start`] with more environment: credentials and TLS files, say.
+    pub fn start_with_env(
+        cluster: &Cluster,
+        urls: &[String],
+        cluster_id: &str,
+        name: &str,
+        dir: &Path,
+        env: &[(&str, std::ffi::OsString)],
+    ) -> Self {
         let log = dir.join(format!("{cluster_id}-{name}.log"));
         let (api_proxy, kubeconfig) = match cluster.local {
             Some(local) => {
@@ -287,6 +299,7 @@ impl Replica {
             .env("RUST_LOG", "info,kube=warn")
             .env_remove("LOCKEDJOB_REDIS_URLS")
             .env_remove("LOCKEDJOB_NAMESPACES")
+            .envs(env.iter().map(|(key, value)| (key, value)))
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).expect("log file"))
             .spawn()
@@ -499,6 +512,36 @@ pub fn check(runs: &[Run]) -> Result<(), String> {
             if pair[1].token <= pair[0].token {
                 return Err(format!(
                     "{lock}: tokens not increasing in start order: {:?} then {:?}",
+                    pair[0], pair[1]
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Per lock, no due time between its first and last run went without one: consecutive
+/// scheduled times are `period` apart.
+pub fn check_every_time_ran(runs: &[Run], period: Duration) -> Result<(), String> {
+    let mut locks: Vec<&str> = runs.iter().map(|r| r.lock.as_str()).collect();
+    locks.sort();
+    locks.dedup();
+    for lock in locks {
+        let mut times: Vec<jiff::Timestamp> = runs
+            .iter()
+            .filter(|r| r.lock == lock)
+            .map(|r| {
+                r.scheduled
+                    .parse()
+                    .map_err(|e| format!("scheduled time {:?}: {e}", r.scheduled))
+            })
+            .collect::<Result<_, _>>()?;
+        times.sort();
+        for pair in times.windows(2) {
+            let gap = pair[1].duration_since(pair[0]);
+            if gap.unsigned_abs() != period {
+                return Err(format!(
+                    "{lock}: no run between {} and {} (every {period:?} was due)",
                     pair[0], pair[1]
                 ));
             }

@@ -10,6 +10,7 @@ pub use lockedjob::lab::harness::{
 
 pub mod kubernetes;
 pub mod pki;
+pub mod rotation;
 
 /// Checks on a node's data that fail the test, with context, when the node cannot answer.
 pub trait NodeChecks {
