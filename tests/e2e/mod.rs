@@ -629,6 +629,22 @@ mod tests {
     }
 
     #[test]
+    fn a_due_time_without_a_run_is_found() {
+        let at = |time: &str| run(time, 1, 0.0, 0.0);
+        let every_2s = Duration::from_secs(2);
+        let all = [
+            at("2026-01-01T00:00:04Z"),
+            at("2026-01-01T00:00:00Z"),
+            at("2026-01-01T00:00:02Z"),
+        ];
+        assert_eq!(check_every_time_ran(&all, every_2s), Ok(()));
+        let gap = [at("2026-01-01T00:00:00Z"), at("2026-01-01T00:00:04Z")];
+        let err = check_every_time_ran(&gap, every_2s).unwrap_err();
+        assert!(err.contains("no run between"), "{err}");
+        assert!(check_every_time_ran(&[at("yesterday")], every_2s).is_err());
+    }
+
+    #[test]
     fn journal_lines_are_told_from_other_output() {
         let output = format!(
             "starting\n{JOURNAL_TAG} ns/a 2026-01-01T00:00:00Z 7 c1 1.5 2.5\n{JOURNAL_TAG} broken\n"
