@@ -44,6 +44,39 @@ fn candidate(urls: &[String], dir: &Path, runner: &str, extra: &[&str]) -> Child
         .expect("spawn lockedjob elect")
 }
 
+/// A candidate whose command appends "start TOKEN HOLDER" to `DIR/journal.log` when it starts
+/// and "end TOKEN HOLDER" when it is stopped (SIGTERM).
+fn journaled_candidate(urls: &[String], dir: &Path, runner: &str, extra: &[&str]) -> Child {
+    let script = format!(
+        "line=\"$LOCKEDJOB_FENCING_TOKEN $LOCKEDJOB_HOLDER\"; echo \"start $line\" >> {log}; trap 'echo \"end $line\" >> {log}; exit 0' TERM; while :; do sleep 0.1; done",
+        log = dir.join("journal.log").display(),
+    );
+    elect_cmd(urls, runner, extra)
+        .arg("--")
+        .args(["sh", "-c", &script])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn lockedjob elect")
+}
+
+fn journal(dir: &Path) -> Vec<String> {
+    std::fs::read_to_string(dir.join("journal.log"))
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+/// The holders that started leading, in order.
+fn starts(dir: &Path) -> Vec<String> {
+    journal(dir)
+        .iter()
+        .filter_map(|line| line.strip_prefix("start "))
+        .filter_map(|rest| rest.split_once(' ').map(|(_, holder)| holder.to_string()))
+        .collect()
+}
+
 fn leaders(dir: &Path) -> Vec<String> {
     std::fs::read_to_string(dir.join("leaders.log"))
         .unwrap_or_default()
@@ -323,4 +356,113 @@ fn bad_input_names_what_to_fix() {
         );
         assert!(!stderr.contains("panicked"), "{stderr}");
     }
+}
+
+/// Preference (`--priority`): a candidate of higher priority takes leadership back from a
+/// lower one through a clean handover (the old leader's command ends before the new one's
+/// starts), once it has seen a quorum for `--reclaim-after`. An equal never takes over from a
+/// healthy leader; after the leader dies the preferred candidate is the one elected, even
+/// though a lower one may win the free lock first.
+#[test]
+fn a_preferred_candidate_takes_leadership_back_cleanly_and_an_equal_never_preempts() {
+    let nodes = RedisNodes::start(3, Persistence::None).expect("start redis-server");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let with = |priority: &'static str| {
+        [
+            "--ttl",
+            "3s",
+            "--retry-interval",
+            "200ms",
+            "--reclaim-after",
+            "1s",
+            "--priority",
+            priority,
+        ]
+    };
+    let standby = journaled_candidate(&nodes.urls(), dir.path(), "standby", &with("0"));
+    let mut reap = Reap(vec![standby]);
+    assert!(wait_until(Duration::from_secs(10), || starts(dir.path())
+        == ["ci/standby"]));
+
+    let primary = journaled_candidate(&nodes.urls(), dir.path(), "primary", &with("1"));
+    reap.0.push(primary);
+    assert!(
+        wait_until(Duration::from_secs(15), || starts(dir.path()).len() == 2),
+        "the primary takes over: {:?}",
+        journal(dir.path())
+    );
+    let handover = journal(dir.path());
+    assert_eq!(starts(dir.path()), ["ci/standby", "ci/primary"]);
+    assert!(
+        handover[1].starts_with("end ") && handover[1].ends_with("ci/standby"),
+        "the standby's command ended before the primary's started: {handover:?}"
+    );
+    let token = |line: &str| -> u64 {
+        line.split(' ')
+            .nth(1)
+            .and_then(|t| t.parse().ok())
+            .expect("a token")
+    };
+    assert!(token(&handover[2]) > token(&handover[0]), "{handover:?}");
+
+    // An equal joins: the healthy leader stays, for many renewals past --reclaim-after.
+    let equal = journaled_candidate(&nodes.urls(), dir.path(), "equal", &with("1"));
+    reap.0.push(equal);
+    std::thread::sleep(Duration::from_secs(4));
+    assert_eq!(starts(dir.path()), ["ci/standby", "ci/primary"]);
+
+    // The primary dies: the equal, which the standby yields to, leads next.
+    let mut primary = reap.0.remove(1);
+    kill(Pid::from_raw(primary.id() as i32), Signal::SIGKILL).expect("kill -9 the primary");
+    let _ = primary.wait();
+    assert!(
+        wait_until(Duration::from_secs(15), || starts(dir.path()).len() == 3),
+        "a leader after the primary: {:?}",
+        journal(dir.path())
+    );
+    assert_eq!(
+        starts(dir.path())[2],
+        "ci/equal",
+        "{:?}",
+        journal(dir.path())
+    );
+}
+
+/// The same handover in `--sidecar` mode (no command; the token file shows who leads): the
+/// standby's file goes, the primary's comes, with a larger token.
+#[test]
+fn a_preferred_sidecar_takes_leadership_back_from_a_standby_sidecar() {
+    let nodes = RedisNodes::start(3, Persistence::None).expect("start redis-server");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let token_file = |runner: &str| dir.path().join(format!("{runner}.json"));
+    let sidecar = |runner: &str, priority: &str| {
+        let file = token_file(runner);
+        let addr = format!("127.0.0.1:{}", support::free_port());
+        elect_cmd(&nodes.urls(), runner, &[])
+            .args(["--sidecar", "--ttl", "3s", "--retry-interval", "200ms"])
+            .args(["--reclaim-after", "1s", "--priority", priority])
+            .arg("--token-file")
+            .arg(&file)
+            .args(["--leader-addr", &addr])
+            .arg("--termination-message-path")
+            .arg(dir.path().join(format!("{runner}.termination")))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn lockedjob elect --sidecar")
+    };
+    let token_of = |runner: &str| -> Option<u64> {
+        let text = std::fs::read_to_string(token_file(runner)).ok()?;
+        serde_json::from_str::<serde_json::Value>(&text).ok()?["token"].as_u64()
+    };
+    let mut reap = Reap(vec![sidecar("standby", "0")]);
+    assert!(wait_until(Duration::from_secs(10), || token_of("standby").is_some()));
+    let standby_token = token_of("standby").expect("the standby leads");
+    reap.0.push(sidecar("primary", "1"));
+    assert!(
+        wait_until(Duration::from_secs(15), || token_of("primary").is_some()),
+        "the primary takes over"
+    );
+    assert_eq!(token_of("standby"), None, "the standby stepped down");
+    assert!(token_of("primary") > Some(standby_token));
 }

@@ -722,6 +722,12 @@ impl Redlock {
             .await
     }
 
+    /// [`Redlock::current_holder`] without waiting for other reads to share the round: for a
+    /// caller on a critical path (an election that must check before it shows leadership).
+    pub async fn current_holder_now(&self, name: &str) -> Option<String> {
+        self.current_holders(&[name.to_string()]).await.pop()?
+    }
+
     /// [`Redlock::current_holder`] of each of `names`, in one round.
     async fn current_holders(&self, names: &[String]) -> Vec<Option<String>> {
         let mut invocation = scripts::GET.prepare_invoke();

@@ -140,13 +140,16 @@ async fn run_locked(engine: Redlock, args: ExecArgs, timing: LeaseTiming) -> i32
         kill_grace: args.lease.kill_grace,
         timing,
     };
-    match work.run(&engine, lease, &mut signals, |_| {}).await {
+    // Nobody asks `exec` to step down: it holds the lock until its command ends.
+    let never = std::future::pending();
+    match work.run(&engine, lease, &mut signals, never, |_| {}).await {
         Ran::Finished(status) => {
             let code = child::exit_code(status);
             tracing::info!(code, "command finished; lock released");
             code
         }
-        Ran::LeaseLost => {
+        // `SteppedDown` cannot happen: nothing asks.
+        Ran::LeaseLost | Ran::SteppedDown => {
             eprintln!(
                 "lockedjob exec: lease on {:?} lost (no Redis quorum renewed it); the command was stopped",
                 args.lock
@@ -198,6 +201,9 @@ pub(crate) enum Ran {
     Finished(ExitStatus),
     /// The lease was lost; the command was stopped before the lease deadline.
     LeaseLost,
+    /// `step_down` asked for the lease (a preferred candidate, `elect --priority`); the command
+    /// was stopped and the lock released.
+    SteppedDown,
     NotStarted(std::io::Error),
     WaitFailed(std::io::Error),
 }
@@ -212,6 +218,7 @@ impl Work<'_> {
         engine: &Redlock,
         lease: Lease,
         signals: &mut Signals,
+        step_down: impl std::future::Future<Output = ()>,
         mut on_lease: impl FnMut(LeaseEvent),
     ) -> Ran {
         let mut running = match child::spawn(self.command_for(&lease)).await {
@@ -226,23 +233,23 @@ impl Work<'_> {
         let mut deadlines = watchdog.subscribe();
         let mut shown = watchdog.status();
         on_lease(LeaseEvent::Held(shown));
+        tokio::pin!(step_down);
         let status = loop {
             tokio::select! {
                 status = running.wait() => break status,
+                () = &mut step_down => {
+                    on_lease(LeaseEvent::Lost);
+                    self.stop(&mut running, watchdog.status().deadline).await;
+                    watchdog.release(engine).await;
+                    return Ran::SteppedDown;
+                }
                 kind = signals.next() => {
                     tracing::info!(signal = kind.as_raw_value(), "forwarding signal to the command");
                     running.signal(child::signal_of(kind));
                 }
                 _ = lost.cancelled() => {
                     on_lease(LeaseEvent::Lost);
-                    let deadline = watchdog.status().deadline;
-                    match running
-                        .stop_before(deadline, self.kill_grace, self.timing.safety_margin)
-                        .await
-                    {
-                        Ok(status) => tracing::info!(code = child::exit_code(status), "command stopped"),
-                        Err(e) => tracing::error!(error = %e, "waiting for the stopped command failed"),
-                    }
+                    self.stop(&mut running, watchdog.status().deadline).await;
                     watchdog.release(engine).await;
                     return Ran::LeaseLost;
                 }
@@ -258,6 +265,17 @@ impl Work<'_> {
         match status {
             Ok(status) => Ran::Finished(status),
             Err(e) => Ran::WaitFailed(e),
+        }
+    }
+
+    /// SIGTERM, then SIGKILL after the grace period, always before `deadline`.
+    async fn stop(&self, running: &mut child::Supervised, deadline: std::time::Instant) {
+        match running
+            .stop_before(deadline, self.kill_grace, self.timing.safety_margin)
+            .await
+        {
+            Ok(status) => tracing::info!(code = child::exit_code(status), "command stopped"),
+            Err(e) => tracing::error!(error = %e, "waiting for the stopped command failed"),
         }
     }
 

@@ -22,6 +22,16 @@ pub struct ElectArgs {
     /// graceful step-down the next leader starts within about this long.
     #[arg(long, default_value = "500ms", value_parser = parse_duration)]
     pub retry_interval: Duration,
+    /// This candidate's preference: after a failover, a candidate of higher priority takes
+    /// leadership back through a clean handover once it has seen a Redis quorum for
+    /// --reclaim-after; equal priorities never take over from each other (README,
+    /// "Preference and stickiness").
+    #[arg(long, env = "LOCKEDJOB_ELECT_PRIORITY", default_value_t = 0)]
+    pub priority: u32,
+    /// How long a candidate of higher priority must see a Redis quorum before it asks the
+    /// leader to hand over: a cluster that just healed is not trusted at once.
+    #[arg(long, env = "LOCKEDJOB_RECLAIM_AFTER", default_value = "30s", value_parser = parse_duration)]
+    pub reclaim_after: Duration,
     /// While leading, keep this JSON file up to date (lock, holder, token, validUntil), written
     /// atomically; it is removed as soon as leadership is lost, before the command is stopped.
     #[arg(long, env = "LOCKEDJOB_TOKEN_FILE")]

@@ -10,6 +10,7 @@ pub(super) struct ElectionMetrics {
     token: Gauge,
     elections: Counter,
     step_downs: Counter,
+    handovers: Counter,
 }
 
 impl ElectionMetrics {
@@ -39,12 +40,19 @@ impl ElectionMetrics {
             "Times this candidate stepped down because its lease could not be renewed",
             step_downs.clone(),
         );
+        let handovers = Counter::default();
+        registry.register(
+            "leader_handovers",
+            "Times this candidate handed leadership over to a candidate of higher priority",
+            handovers.clone(),
+        );
         Self {
             registry,
             leader,
             token,
             elections,
             step_downs,
+            handovers,
         }
     }
 
@@ -54,10 +62,14 @@ impl ElectionMetrics {
         self.token.set(i64::try_from(token).unwrap_or(i64::MAX));
     }
 
-    /// Leadership ended; `lost` when the lease could not be renewed (not a requested stop).
-    pub fn stepped_down(&self, lost: bool) {
+    /// Leadership ended; `lost` when the lease could not be renewed, `handed_over` when a
+    /// candidate of higher priority asked for it (neither: a requested stop).
+    pub fn stepped_down(&self, lost: bool, handed_over: bool) {
         if lost {
             self.step_downs.inc();
+        }
+        if handed_over {
+            self.handovers.inc();
         }
         self.leader.set(0);
         self.token.set(0);

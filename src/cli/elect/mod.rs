@@ -15,6 +15,7 @@ mod ended;
 mod kubernetes;
 mod metrics;
 mod observe;
+mod preference;
 mod token_file;
 
 pub use args::{ElectArgs, ObserveOutput};
@@ -36,6 +37,7 @@ use ended::TerminationMessage;
 use jiff::Timestamp;
 use kubernetes::{EndedLeaders, PodMirror};
 use metrics::ElectionMetrics;
+use preference::Preference;
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
@@ -76,7 +78,7 @@ pub async fn run(args: ElectArgs) -> i32 {
         }
     };
     let metrics = Metrics::new();
-    let engine = match Redlock::with_metrics(config, metrics.lock().clone()) {
+    let engine = match Redlock::with_metrics(config.clone(), metrics.lock().clone()) {
         Ok(engine) => engine,
         Err(e) => {
             eprintln!("lockedjob elect: {e}");
@@ -86,24 +88,42 @@ pub async fn run(args: ElectArgs) -> i32 {
     if args.observe {
         return observe::observe(&engine, &args).await;
     }
+    let preference = match Preference::new(args.priority, args.reclaim_after, &config) {
+        Ok(preference) => preference,
+        Err(e) => {
+            eprintln!("lockedjob elect: {e}");
+            return exit::USAGE;
+        }
+    };
+    let candidate = Candidate {
+        engine,
+        preference,
+        timing,
+    };
     let span = tracing::info_span!("elect", lock = %args.lock, token = tracing::field::Empty);
     if args.sidecar {
-        return run_sidecar(&args, engine, metrics, timing, token_file)
+        return run_sidecar(&args, candidate, metrics, token_file)
             .instrument(span)
             .await;
     }
-    lead_while_elected(engine, args, timing, token_file)
+    lead_while_elected(candidate, args, token_file)
         .instrument(span)
         .await
+}
+
+/// What every mode of `elect` campaigns and leads with.
+struct Candidate {
+    engine: Redlock,
+    preference: Preference,
+    timing: LeaseTiming,
 }
 
 /// `--sidecar`: `/leader` answers (503) from the start; then the pod is marked not leading,
 /// which also checks the sidecar's rights; then the campaign.
 async fn run_sidecar(
     args: &ElectArgs,
-    engine: Redlock,
+    candidate: Candidate,
     metrics: Metrics,
-    timing: LeaseTiming,
     token_file: Option<TokenFile>,
 ) -> i32 {
     let listener = match tokio::net::TcpListener::bind(args.leader_addr).await {
@@ -138,8 +158,7 @@ async fn run_sidecar(
         None => None,
     };
     let sidecar = Sidecar {
-        engine,
-        timing,
+        candidate,
         token_file,
         termination: TerminationMessage::new(&args.termination_message_path),
         mirror,
@@ -191,30 +210,35 @@ async fn pod_mirror(args: &ElectArgs) -> Result<Option<PodMirror>, String> {
 /// Campaign, lead, campaign again after a lost lease; return when the command ends or a signal
 /// arrives while campaigning.
 async fn lead_while_elected(
-    engine: Redlock,
+    candidate: Candidate,
     args: ElectArgs,
-    timing: LeaseTiming,
     token_file: Option<TokenFile>,
 ) -> i32 {
     let mut signals = Signals::watch();
+    let Candidate {
+        engine,
+        preference,
+        timing,
+    } = &candidate;
     let work = Work {
         command: &args.command,
         kill_grace: args.lease.kill_grace,
-        timing,
+        timing: *timing,
     };
     loop {
-        let lease = match elected(&engine, &args, timing.ttl, None, &mut signals).await {
+        let lease = match elected(&candidate, &args, None, &mut signals).await {
             Ok(lease) => lease,
             Err(NotElected::Signal(kind)) => return 128 + kind.as_raw_value(),
             Err(NotElected::Config) => return exit::USAGE,
         };
         let publish = |event: LeaseEvent| {
             if let Some(file) = &token_file {
-                file.follow(&lease, &timing, event);
+                file.follow(&lease, timing, event);
             }
         };
+        let step_down = preference.handover_requested(engine, &args.lock, timing.renew_interval);
         let ran = work
-            .run(&engine, lease.clone(), &mut signals, publish)
+            .run(engine, lease.clone(), &mut signals, step_down, publish)
             .await;
         if let Some(file) = &token_file {
             file.remove();
@@ -227,6 +251,9 @@ async fn lead_while_elected(
             }
             Ran::LeaseLost => {
                 tracing::warn!("leadership lost (no Redis quorum renewed the lease); the command was stopped; campaigning again");
+            }
+            Ran::SteppedDown => {
+                tracing::info!("handed leadership over to a candidate of higher priority; the command was stopped; campaigning again");
             }
             Ran::NotStarted(e) => {
                 eprintln!("lockedjob elect: cannot start {:?}: {e}", args.command[0]);
@@ -242,8 +269,7 @@ async fn lead_while_elected(
 
 /// `--sidecar`: leadership held for the pod, with no command of its own.
 struct Sidecar {
-    engine: Redlock,
-    timing: LeaseTiming,
+    candidate: Candidate,
     token_file: Option<TokenFile>,
     /// Names the lock value while leading, for the kubelet to report if the container dies.
     termination: TerminationMessage,
@@ -272,26 +298,32 @@ impl Sidecar {
         let mut signals = Signals::watch();
         loop {
             let ended = self.ended.as_ref();
-            let lease =
-                match elected(&self.engine, args, self.timing.ttl, ended, &mut signals).await {
-                    Ok(lease) => lease,
-                    Err(NotElected::Signal(_)) => return 0,
-                    Err(NotElected::Config) => return exit::USAGE,
-                };
-            let stopped = self.hold(lease, &mut signals).await;
-            if stopped {
-                return 0;
+            let lease = match elected(&self.candidate, args, ended, &mut signals).await {
+                Ok(lease) => lease,
+                Err(NotElected::Signal(_)) => return 0,
+                Err(NotElected::Config) => return exit::USAGE,
+            };
+            match self.hold(lease, &args.lock, &mut signals).await {
+                Held::Stopped => return 0,
+                Held::Lost => tracing::warn!(
+                    "leadership lost (no Redis quorum renewed the lease); campaigning again"
+                ),
+                Held::HandedOver => tracing::info!(
+                    "handed leadership over to a candidate of higher priority; campaigning again"
+                ),
             }
-            tracing::warn!(
-                "leadership lost (no Redis quorum renewed the lease); campaigning again"
-            );
         }
     }
 
-    /// Holds `lease` until it is lost (false) or a signal asks to stop (true); steps down and
-    /// releases the lock either way.
-    async fn hold(&self, lease: Lease, signals: &mut Signals) -> bool {
-        let watchdog = Watchdog::spawn(self.engine.clone(), lease.clone(), self.timing);
+    /// Holds `lease` until it is lost, a candidate of higher priority asks for it, or a signal
+    /// asks to stop; steps down and releases the lock in every case.
+    async fn hold(&self, lease: Lease, lock: &str, signals: &mut Signals) -> Held {
+        let Candidate {
+            engine,
+            preference,
+            timing,
+        } = &self.candidate;
+        let watchdog = Watchdog::spawn(engine.clone(), lease.clone(), *timing);
         self.termination.hold(&HeldValue {
             lock: lease.name().to_string(),
             value: lease.value().to_string(),
@@ -302,40 +334,43 @@ impl Sidecar {
         self.election.elected(lease.token());
         // The pod's marks, once set; until then every renewal tries them again.
         let mut marked = self.show(&lease, LeaseEvent::Held(shown), true).await;
-        let stopped = loop {
+        let step_down = preference.handover_requested(engine, lock, timing.renew_interval);
+        tokio::pin!(step_down);
+        let held = loop {
             tokio::select! {
-                _ = lost.cancelled() => break false,
-                _ = signals.next() => break true,
+                _ = lost.cancelled() => break Held::Lost,
+                _ = signals.next() => break Held::Stopped,
+                () = &mut step_down => break Held::HandedOver,
                 Some(status) = next_deadline(&mut deadlines, shown.deadline) => {
                     shown = status;
                     marked = self.show(&lease, LeaseEvent::Held(status), !marked).await || marked;
                 }
             }
         };
-        self.election.stepped_down(!stopped);
+        self.election
+            .stepped_down(held == Held::Lost, held == Held::HandedOver);
         self.show(&lease, LeaseEvent::Lost, false).await;
         self.termination.clear();
-        watchdog.release(&self.engine).await;
-        if let (true, Some(mirror)) = (stopped, &self.mirror) {
-            let bound = self.timing.safety_margin / 2;
+        watchdog.release(engine).await;
+        if let (Held::Stopped | Held::HandedOver, Some(mirror)) = (held, &self.mirror) {
+            let bound = timing.safety_margin / 2;
             if let Ok(Err(e)) = tokio::time::timeout(bound, mirror.released()).await {
                 tracing::debug!(error = %e, "cannot mark the pod released; the next leader comes at its next attempt");
             }
         }
-        stopped
+        held
     }
 
     /// Shows the lease to the pod and the workload: on election and renewal the token file
     /// and the mirrors (with `mark_pod`, the pod's label and condition too); on the way out the
     /// pod's marks first, then the token file. True when the API server took the update.
     async fn show(&self, lease: &Lease, event: LeaseEvent, mark_pod: bool) -> bool {
-        let ttl_seconds = i32::try_from(self.timing.ttl.as_secs().max(1)).unwrap_or(i32::MAX);
-        let bound = api_bound(&self.timing, &event);
+        let timing = &self.candidate.timing;
+        let ttl_seconds = i32::try_from(timing.ttl.as_secs().max(1)).unwrap_or(i32::MAX);
+        let bound = api_bound(timing, &event);
         // The endpoint is in this process: it changes at once, before the API calls.
         self.shown.send_replace(match event {
-            LeaseEvent::Held(status) => {
-                Some(token_file::leader_record(lease, &self.timing, &status))
-            }
+            LeaseEvent::Held(status) => Some(token_file::leader_record(lease, timing, &status)),
             LeaseEvent::Lost => None,
         });
         let mut updated = true;
@@ -362,10 +397,21 @@ impl Sidecar {
             };
         }
         if let Some(file) = &self.token_file {
-            file.follow(lease, &self.timing, event);
+            file.follow(lease, timing, event);
         }
         updated
     }
+}
+
+/// How a sidecar's leadership ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Held {
+    /// SIGTERM or SIGINT: the sidecar exits.
+    Stopped,
+    /// No Redis quorum renewed the lease in time.
+    Lost,
+    /// A candidate of higher priority asked for leadership.
+    HandedOver,
 }
 
 /// Why a campaign ended without a lease.
@@ -379,14 +425,13 @@ enum NotElected {
 /// Campaigns until elected (the token then goes into the span), a signal arrives, or the
 /// configuration turns out unusable.
 async fn elected(
-    engine: &Redlock,
+    candidate: &Candidate,
     args: &ElectArgs,
-    ttl: Duration,
     ended: Option<&EndedLeaders>,
     signals: &mut Signals,
 ) -> Result<Lease, NotElected> {
     let lease = tokio::select! {
-        lease = campaign(engine, &args.lock, ttl, args.retry_interval, ended) => lease,
+        lease = campaign(candidate, &args.lock, args.retry_interval, ended) => lease,
         kind = signals.next() => {
             tracing::info!(signal = kind.as_raw_value(), "stopped while campaigning");
             return Err(NotElected::Signal(kind));
@@ -408,26 +453,45 @@ async fn elected(
 /// Tries for the lock every `retry_interval` (±20%) until it is ours. Logs when the reason it
 /// is not changes, not on every attempt. Only a configuration error ends the campaign. While
 /// another holds the lock, a holder whose end Kubernetes confirmed (`ended`) has its value
-/// deleted, and the next attempt comes at once.
+/// deleted, and the next attempt comes at once; a candidate of higher priority asks for a
+/// handover (`preference.rs`), and one that wins the free lock while a higher one asks gives
+/// it back.
 async fn campaign(
-    engine: &Redlock,
+    candidate: &Candidate,
     lock: &str,
-    ttl: Duration,
     retry_interval: Duration,
     ended: Option<&EndedLeaders>,
 ) -> Result<Lease, LockError> {
+    let Candidate {
+        engine,
+        preference,
+        timing,
+    } = candidate;
+    let mut asking = preference.campaign();
+    let request_ttl = (retry_interval * 4).max(Duration::from_secs(1));
     let mut last_refusal = None;
     let mut released = HashSet::new();
     loop {
-        match engine.try_acquire(lock, ttl).await {
-            Ok(lease) => return Ok(lease),
-            Err(e @ LockError::Config(_)) => return Err(e),
+        match engine.try_acquire(lock, timing.ttl).await {
+            Ok(lease) if preference.must_yield(engine, lock).await => {
+                engine.release(&lease).await;
+                tracing::info!("won the free lock while a candidate of higher priority asks for it: gave it back");
+            }
+            Ok(lease) => {
+                asking.withdraw().await;
+                return Ok(lease);
+            }
+            Err(e @ LockError::Config(_)) => {
+                asking.withdraw().await;
+                return Err(e);
+            }
             Err(e) => {
                 let refusal = std::mem::discriminant(&e);
                 if last_refusal != Some(refusal) {
                     tracing::info!(reason = %e, "not leader; campaigning");
                     last_refusal = Some(refusal);
                 }
+                asking.after_attempt(&e, lock, request_ttl).await;
                 let freed = match ended {
                     Some(ended) if e.is_contended() => {
                         release_ended(engine, lock, ended, &mut released).await
