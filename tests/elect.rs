@@ -466,3 +466,58 @@ fn a_preferred_sidecar_takes_leadership_back_from_a_standby_sidecar() {
     assert_eq!(token_of("standby"), None, "the standby stepped down");
     assert!(token_of("primary") > Some(standby_token));
 }
+
+/// `lockedjob_leaderless_seconds_total`: a candidate that campaigns while no Redis quorum
+/// answers counts that time, and stops counting once there is a leader (itself here).
+#[test]
+fn a_candidate_counts_the_time_it_found_no_leader() {
+    let mut nodes = RedisNodes::start(3, Persistence::None).expect("start redis-server");
+    for node in &mut nodes.nodes[..2] {
+        node.pause().expect("SIGSTOP a node of the majority");
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let port = support::free_port();
+    let token_file = dir.path().join("leader.json");
+    let sidecar = elect_cmd(&nodes.urls(), "solo", &[])
+        .args(["--sidecar", "--ttl", "3s", "--retry-interval", "200ms"])
+        .arg("--token-file")
+        .arg(&token_file)
+        .args(["--leader-addr", &format!("127.0.0.1:{port}")])
+        .arg("--termination-message-path")
+        .arg(dir.path().join("termination"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn lockedjob elect --sidecar");
+    let _reap = Reap(vec![sidecar]);
+    let leaderless = || -> f64 {
+        let (_, body) = support::http_get(port, "/metrics");
+        body.lines()
+            .find_map(|line| line.strip_prefix("lockedjob_leaderless_seconds_total "))
+            .and_then(|value| value.trim().parse().ok())
+            .unwrap_or(-1.0)
+    };
+    assert!(
+        wait_until(Duration::from_secs(10), || leaderless() == 0.0),
+        "the sidecar serves its metrics"
+    );
+    std::thread::sleep(Duration::from_secs(1));
+    for node in &mut nodes.nodes[..2] {
+        node.resume().expect("SIGCONT");
+    }
+    assert!(
+        wait_until(Duration::from_secs(10), || token_file.exists()),
+        "leads once a quorum answers"
+    );
+    let counted = leaderless();
+    assert!(
+        counted > 0.0,
+        "the time without a quorum was counted: {counted}"
+    );
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(
+        leaderless(),
+        counted,
+        "nothing more is counted while it leads"
+    );
+}

@@ -19,6 +19,7 @@ use serde_json::json;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
+use support::http_get as get;
 use support::kubernetes::{
     client_for, create_namespace, delete_namespace, eventually, local_cluster,
 };
@@ -86,31 +87,6 @@ fn apply_chart_rbac(local: &localcluster::LocalCluster, namespace: &str, dir: &P
         "{}",
         String::from_utf8_lossy(&applied.stderr)
     );
-}
-
-/// `GET path` on a sidecar's address: (status code, body); (0, "") when nothing answers.
-fn get(port: u16, path: &str) -> (u16, String) {
-    use std::io::{Read, Write};
-    let Ok(mut stream) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
-        return (0, String::new());
-    };
-    let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
-    let _ = write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n"
-    );
-    let mut response = String::new();
-    let _ = stream.read_to_string(&mut response);
-    let status = response
-        .split_whitespace()
-        .nth(1)
-        .and_then(|code| code.parse().ok())
-        .unwrap_or(0);
-    let body = response
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    (status, body)
 }
 
 /// A sidecar with `extra` arguments (the TTL among them).

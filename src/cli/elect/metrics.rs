@@ -3,6 +3,8 @@
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
+use std::sync::atomic::AtomicU64;
+use std::time::Duration;
 
 pub(super) struct ElectionMetrics {
     pub registry: Registry,
@@ -11,6 +13,7 @@ pub(super) struct ElectionMetrics {
     elections: Counter,
     step_downs: Counter,
     handovers: Counter,
+    leaderless: Counter<f64, AtomicU64>,
 }
 
 impl ElectionMetrics {
@@ -46,6 +49,12 @@ impl ElectionMetrics {
             "Times this candidate handed leadership over to a candidate of higher priority",
             handovers.clone(),
         );
+        let leaderless = Counter::<f64, AtomicU64>::default();
+        registry.register(
+            "leaderless_seconds",
+            "Seconds this candidate, campaigning, found no leader: no Redis quorum answered, the vote split, or it won the free lock and gave it back to a preferred candidate (a leader that died unseen counts as a leader until its lease expires)",
+            leaderless.clone(),
+        );
         Self {
             registry,
             leader,
@@ -53,7 +62,12 @@ impl ElectionMetrics {
             elections,
             step_downs,
             handovers,
+            leaderless,
         }
+    }
+
+    pub fn saw_no_leader_for(&self, span: Duration) {
+        self.leaderless.inc_by(span.as_secs_f64());
     }
 
     pub fn elected(&self, token: u64) {

@@ -40,7 +40,7 @@ use metrics::ElectionMetrics;
 use preference::Preference;
 use std::collections::HashSet;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use token_file::TokenFile;
 use tokio::signal::unix::SignalKind;
 use tokio::sync::watch;
@@ -99,6 +99,7 @@ pub async fn run(args: ElectArgs) -> i32 {
         engine,
         preference,
         timing,
+        election: Arc::new(ElectionMetrics::new()),
     };
     let span = tracing::info_span!("elect", lock = %args.lock, token = tracing::field::Empty);
     if args.sidecar {
@@ -116,6 +117,8 @@ struct Candidate {
     engine: Redlock,
     preference: Preference,
     timing: LeaseTiming,
+    /// Served by the sidecar's `/metrics`; counted in every mode.
+    election: Arc<ElectionMetrics>,
 }
 
 /// `--sidecar`: `/leader` answers (503) from the start; then the pod is marked not leading,
@@ -137,8 +140,7 @@ async fn run_sidecar(
         }
     };
     let (shown, _) = watch::channel(None);
-    let election = Arc::new(ElectionMetrics::new());
-    let routes = routes(shown.subscribe(), Arc::clone(&election), metrics);
+    let routes = routes(shown.subscribe(), Arc::clone(&candidate.election), metrics);
     let _server = AbortOnDropHandle::new(tokio::spawn(crate::http::serve(listener, routes)));
     let mirror = match pod_mirror(args).await {
         Ok(mirror) => mirror,
@@ -164,7 +166,6 @@ async fn run_sidecar(
         mirror,
         ended,
         shown,
-        election,
     };
     sidecar.run(args).await
 }
@@ -219,6 +220,7 @@ async fn lead_while_elected(
         engine,
         preference,
         timing,
+        ..
     } = &candidate;
     let work = Work {
         command: &args.command,
@@ -278,7 +280,6 @@ struct Sidecar {
     ended: Option<EndedLeaders>,
     /// What `GET /leader` answers: the record while leading.
     shown: watch::Sender<Option<LeaderRecord>>,
-    election: Arc<ElectionMetrics>,
 }
 
 /// How long one update of the pod or the Lease may take. While the lease is held (just won or
@@ -322,6 +323,7 @@ impl Sidecar {
             engine,
             preference,
             timing,
+            election,
         } = &self.candidate;
         let watchdog = Watchdog::spawn(engine.clone(), lease.clone(), *timing);
         self.termination.hold(&HeldValue {
@@ -331,7 +333,7 @@ impl Sidecar {
         let lost = watchdog.lost();
         let mut deadlines = watchdog.subscribe();
         let mut shown = watchdog.status();
-        self.election.elected(lease.token());
+        election.elected(lease.token());
         // The pod's marks, once set; until then every renewal tries them again.
         let mut marked = self.show(&lease, LeaseEvent::Held(shown), true).await;
         let step_down = preference.handover_requested(engine, lock, timing.renew_interval);
@@ -347,8 +349,7 @@ impl Sidecar {
                 }
             }
         };
-        self.election
-            .stepped_down(held == Held::Lost, held == Held::HandedOver);
+        election.stepped_down(held == Held::Lost, held == Held::HandedOver);
         self.show(&lease, LeaseEvent::Lost, false).await;
         self.termination.clear();
         watchdog.release(engine).await;
@@ -466,18 +467,31 @@ async fn campaign(
         engine,
         preference,
         timing,
+        election,
     } = candidate;
     let mut asking = preference.campaign();
     let request_ttl = (retry_interval * 4).max(Duration::from_secs(1));
     let mut last_refusal = None;
     let mut released = HashSet::new();
+    // Since when the attempts found no leader; counted when one is found (or this one wins).
+    let mut leaderless_since: Option<Instant> = None;
+    let mut leader_seen = |seen: bool| match (seen, leaderless_since) {
+        (true, Some(since)) => {
+            election.saw_no_leader_for(since.elapsed());
+            leaderless_since = None;
+        }
+        (false, None) => leaderless_since = Some(Instant::now()),
+        _ => {}
+    };
     loop {
         match engine.try_acquire(lock, timing.ttl).await {
             Ok(lease) if preference.must_yield(engine, lock).await => {
+                leader_seen(false);
                 engine.release(&lease).await;
                 tracing::info!("won the free lock while a candidate of higher priority asks for it: gave it back");
             }
             Ok(lease) => {
+                leader_seen(true);
                 asking.withdraw().await;
                 return Ok(lease);
             }
@@ -486,6 +500,7 @@ async fn campaign(
                 return Err(e);
             }
             Err(e) => {
+                leader_seen(e.is_contended());
                 let refusal = std::mem::discriminant(&e);
                 if last_refusal != Some(refusal) {
                     tracing::info!(reason = %e, "not leader; campaigning");
