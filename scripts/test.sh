@@ -3,8 +3,8 @@
 # cargo-machete (crates.io), redis-server and the real node's runc, CNI plugins, iptables and
 # busybox (Debian), kubernetes-validate (PyPI), and the real control plane and node (etcd,
 # kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, helm, kubelet, kube-proxy,
-# containerd, CoreDNS, crictl) built from Go modules into a cache. The real node's tests need
-# root.
+# containerd, CoreDNS, crictl) and the lab's independent checker (tools/porcupine-check) built
+# from Go modules into a cache. The real node's tests need root.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -33,6 +33,11 @@ echo "   $LOCKEDJOB_K8S_BIN ($(( $(date +%s) - started )) s)"
 export LOCKEDJOB_K8S_BIN
 # helm and kubectl for the chart and kubectl tests: the ones built with the control plane.
 export PATH="$LOCKEDJOB_K8S_BIN:$PATH"
+# The lab's independent checker: porcupine with the models of tools/porcupine-check.
+LOCKEDJOB_PORCUPINE_CHECK="$(scripts/porcupine-check.sh | tail -n1)"
+export LOCKEDJOB_PORCUPINE_CHECK
+echo "== go vet and gofmt (tools/porcupine-check)"
+(cd tools/porcupine-check && GOTOOLCHAIN=local GOFLAGS=-mod=readonly go vet . && test -z "$(gofmt -l .)")
 # ServiceMonitor and PrometheusRule CRDs for the chart's monitoring objects (tests/helm.rs).
 LOCKEDJOB_MONITORING_CRDS="$(scripts/monitoring-crds.sh | tail -n1)"
 export LOCKEDJOB_MONITORING_CRDS

@@ -1,6 +1,7 @@
-//! The lab's short forms (scenarios 1, 2, 6, 7 of the lock-safety lab), run through the real
+//! The lab's short forms (scenarios 1, 2, 5, 6, 7 of the lock-safety lab), run through the real
 //! `lockedjob lab` binary: real redis-server nodes, client processes, faults. Each must reach
-//! its expected verdict and leave a report and a timeline. The full runs of all seven
+//! its expected verdict with both checkers, the lab's and the independent one (porcupine,
+//! `tools/porcupine-check`), and leave a report and a timeline. The full runs of all seven
 //! scenarios are one command in the README.
 
 mod support;
@@ -17,6 +18,23 @@ fn lab(scenario: &str, seconds: u64) -> serde_json::Value {
 }
 
 fn lab_with(scenario: &str, seconds: u64, extra: &[&std::ffi::OsStr]) -> serde_json::Value {
+    let (code, report, stderr) = run_lab(scenario, seconds, extra);
+    assert_eq!(
+        code,
+        Some(0),
+        "lab {scenario} did not reach its expected verdict:\n{stderr}\n{report:#}"
+    );
+    assert_eq!(report["as_expected"], true);
+    report
+}
+
+/// Runs one scenario; (exit code, report.json, stderr). Every run is judged by the
+/// independent checker too.
+fn run_lab(
+    scenario: &str,
+    seconds: u64,
+    extra: &[&std::ffi::OsStr],
+) -> (Option<i32>, serde_json::Value, String) {
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
     let out = tempfile::tempdir().expect("temp dir");
     // A 2 s TTL leaves the watchdog 200 ms between giving up and the deadline, so a loaded
@@ -32,23 +50,47 @@ fn lab_with(scenario: &str, seconds: u64, extra: &[&std::ffi::OsStr]) -> serde_j
         ])
         .arg("--out")
         .arg(out.path())
+        .arg("--independent-checker")
+        .arg(independent_checker())
         .args(extra)
         .output()
         .expect("run lockedjob lab");
-    let stderr = String::from_utf8_lossy(&run.stderr);
+    let stderr = String::from_utf8_lossy(&run.stderr).to_string();
     let report = std::fs::read_to_string(out.path().join("report.json"))
         .unwrap_or_else(|e| panic!("no report.json ({e}); lab said:\n{stderr}"));
     let report: serde_json::Value = serde_json::from_str(&report).expect("report is JSON");
     let svg = std::fs::read_to_string(out.path().join("timeline.svg")).expect("timeline.svg");
     assert!(svg.starts_with("<svg") && svg.contains("class=\"lane\">redis 4"));
-    assert_eq!(
-        run.status.code(),
-        Some(0),
-        "lab {scenario} did not reach its expected verdict:\n{stderr}\n{report:#}"
-    );
     assert_eq!(report["scenario"], scenario);
-    assert_eq!(report["as_expected"], true);
-    report
+    assert!(
+        out.path().join("porcupine.json").is_file(),
+        "the history exported for the independent checker"
+    );
+    (run.status.code(), report, stderr)
+}
+
+/// `tools/porcupine-check`, as `scripts/test.sh` built it (LOCKEDJOB_PORCUPINE_CHECK), or
+/// built now.
+fn independent_checker() -> std::path::PathBuf {
+    if let Some(path) = std::env::var_os("LOCKEDJOB_PORCUPINE_CHECK") {
+        return path.into();
+    }
+    let built = Command::new(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/scripts/porcupine-check.sh"
+    ))
+    .output()
+    .expect("run scripts/porcupine-check.sh");
+    assert!(
+        built.status.success(),
+        "scripts/porcupine-check.sh failed: {}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    String::from_utf8_lossy(&built.stdout)
+        .lines()
+        .last()
+        .expect("the checker's path")
+        .into()
 }
 
 fn count(report: &serde_json::Value, field: &str) -> u64 {
@@ -57,6 +99,10 @@ fn count(report: &serde_json::Value, field: &str) -> u64 {
 
 fn assert_safe_and_busy(report: &serde_json::Value) {
     assert_eq!(report["verdict"], "safe", "{report:#}");
+    assert_eq!(
+        report["independent_checker"]["verdict"], "safe",
+        "{report:#}"
+    );
     assert_eq!(report["fencing"]["tokens_strictly_increasing"], true);
     assert_eq!(report["fencing"]["fenced_store_safe"], true);
     assert!(count(report, "acquisitions") >= 2, "{report:#}");
@@ -125,4 +171,33 @@ fn partition_over_tls_is_safe_too() {
     );
     assert_eq!(report["parameters"]["tls"], true);
     assert_safe_and_busy(&report);
+}
+
+/// Scenario 5, judged by both checkers: the paused holder overlaps the next one (porcupine:
+/// "one holder at a time" is not linearizable) and the fenced store refuses its late writes
+/// (porcupine: the store's answers fit the model). Then the same with a store that takes every
+/// write, a broken build on purpose: both checkers object.
+#[test]
+fn a_paused_holder_is_fenced_and_an_unfenced_store_makes_both_checkers_object() {
+    let report = lab("client-pause", 12);
+    assert_eq!(report["verdict"], "fenced", "{report:#}");
+    let independent = &report["independent_checker"];
+    assert_eq!(independent["fenced_store"], "ok", "{report:#}");
+    assert_eq!(independent["one_holder"], "not linearizable", "{report:#}");
+    assert_eq!(independent["verdict"], "fenced");
+
+    let (code, report, stderr) = run_lab("client-pause", 12, &["--unfenced-store".as_ref()]);
+    assert_ne!(code, Some(0), "a broken store is not as expected: {stderr}");
+    assert_eq!(
+        report["verdict"], "unsafe",
+        "the lab's checker objects: {report:#}"
+    );
+    assert_eq!(
+        report["independent_checker"]["verdict"], "unsafe",
+        "porcupine objects too: {report:#}"
+    );
+    assert_eq!(
+        report["independent_checker"]["fenced_store"],
+        "not linearizable"
+    );
 }

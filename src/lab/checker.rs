@@ -174,7 +174,7 @@ pub fn check(history: &History) -> Findings {
             }
             ClientOp::LeaseLost { .. } => counts.lease_losses += 1,
             ClientOp::Released { .. } => counts.releases += 1,
-            ClientOp::Enter { .. } => {}
+            ClientOp::Enter { .. } | ClientOp::WriteStart { .. } => {}
             ClientOp::Exit { token } => {
                 late(
                     &mut findings.past_deadline,

@@ -35,6 +35,9 @@ pub struct ClientArgs {
     /// CA that verifies rediss:// lock nodes (the lab's --tls-dir).
     #[arg(long)]
     pub redis_ca_file: Option<std::path::PathBuf>,
+    /// A store that takes every write: the broken build the checkers must catch.
+    #[arg(long)]
+    pub unfenced_store: bool,
 }
 
 /// The fenced write: taken only if no larger token wrote before. Logs every attempt, in the
@@ -50,6 +53,14 @@ if token >= last then
 end
 redis.call('RPUSH', KEYS[3], ARGV[3] .. ':' .. ARGV[1] .. ':' .. accepted)
 return accepted
+";
+
+/// [`FENCED_WRITE`] without the fence: takes every write (`--unfenced-store`).
+const UNFENCED_WRITE: &str = r"
+redis.call('SET', KEYS[1], ARGV[1])
+redis.call('SET', KEYS[2], ARGV[2])
+redis.call('RPUSH', KEYS[3], ARGV[3] .. ':' .. ARGV[1] .. ':1')
+return 1
 ";
 
 /// Lock values are `{HOLDER_PREFIX}{id}/{random}`: the lab reads who holds from them.
@@ -111,7 +122,11 @@ pub async fn run(args: ClientArgs) -> i32 {
             return 69;
         }
     };
-    let fenced_write = redis::Script::new(FENCED_WRITE);
+    let fenced_write = redis::Script::new(if args.unfenced_store {
+        UNFENCED_WRITE
+    } else {
+        FENCED_WRITE
+    });
     // Stop on SIGTERM, or when the lab's end of stdin closes (the lab died).
     let stop = CancellationToken::new();
     {
@@ -198,6 +213,7 @@ pub async fn run(args: ClientArgs) -> i32 {
         // a pause there (GC, SIGSTOP) is what only the fenced store can catch.
         while Instant::now() < leave_at && !lost.is_cancelled() && !stop.is_cancelled() {
             tokio::time::sleep(Duration::from_millis(args.work_ms)).await;
+            emit(id, ClientOp::WriteStart { token });
             let accepted: redis::RedisResult<i64> = fenced_write
                 .key(STORE_TOKEN_KEY)
                 .key(STORE_DATA_KEY)

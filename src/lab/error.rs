@@ -15,4 +15,6 @@ pub enum LabError {
     Poisoned,
     #[error("{0}")]
     Usage(String),
+    #[error("the independent checker failed: {0}")]
+    Checker(String),
 }

@@ -54,6 +54,11 @@ pub enum ClientOp {
     Exit {
         token: u64,
     },
+    /// A write to the fenced store with `token` is sent (its answer is the next `Write` of the
+    /// same client): the call of the write, for the independent checker (`porcupine.rs`).
+    WriteStart {
+        token: u64,
+    },
     /// A write to the fenced store with `token`, and whether the store took it.
     Write {
         token: u64,

@@ -9,6 +9,7 @@ pub mod client;
 mod error;
 pub mod harness;
 pub mod history;
+mod porcupine;
 mod scenario;
 mod scenarios;
 pub mod timeline;
@@ -49,6 +50,15 @@ pub struct LabArgs {
     /// (the certificate must name IP 127.0.0.1); clients verify them with ca.crt.
     #[arg(long)]
     pub tls_dir: Option<PathBuf>,
+    /// Judge each run with this independent checker too (`scripts/porcupine-check.sh` builds
+    /// it): porcupine, with models of the fenced store and of one holder at a time. A run is
+    /// as expected only when both checkers reach a verdict the scenario expects.
+    #[arg(long, env = "LOCKEDJOB_PORCUPINE_CHECK")]
+    pub independent_checker: Option<PathBuf>,
+    /// Run with a store that takes every write: a broken build, to show that both checkers
+    /// object (the scenario's expected verdicts then do not hold).
+    #[arg(long)]
+    pub unfenced_store: bool,
 }
 
 #[derive(Debug, Serialize)]
@@ -85,6 +95,9 @@ struct Report<'a> {
     verdict: Verdict,
     expected: &'static [Verdict],
     as_expected: bool,
+    /// The verdict of porcupine with the models of `tools/porcupine-check`, when it ran.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    independent_checker: Option<&'a porcupine::Independent>,
     findings: &'a Findings,
 }
 
@@ -179,6 +192,7 @@ fn run_one(
         args.ttl_ms,
     );
     parameters.tls = tls.cloned();
+    parameters.unfenced_store = args.unfenced_store;
     eprintln!(
         "lockedjob lab {}: {} clients, {} nodes, {} s, TTL {} ms ...",
         scenario.name(),
@@ -190,8 +204,32 @@ fn run_one(
     let history = scenarios::run(scenario, &parameters)?;
     let findings = checker::check(&history);
     let verdict = findings.verdict();
-    let as_expected = scenario.expected().contains(&verdict);
-    write_outputs(scenario, &parameters, &history, &findings, out)?;
+    std::fs::create_dir_all(out).map_err(|e| LabError::Io("create the output directory", e))?;
+    let independent = match &args.independent_checker {
+        Some(checker) => Some(porcupine::check(checker, &history, out)?),
+        None => None,
+    };
+    let as_expected = scenario.expected().contains(&verdict)
+        && independent
+            .as_ref()
+            .is_none_or(|i| scenario.expected().contains(&i.verdict));
+    if let Some(independent) = &independent {
+        eprintln!(
+            "lockedjob lab {}: independent checker (porcupine): fenced store {}, one holder at a time {}: verdict {:?}",
+            scenario.name(),
+            independent.fenced_store,
+            independent.one_holder,
+            independent.verdict
+        );
+    }
+    write_outputs(
+        scenario,
+        &parameters,
+        &history,
+        &findings,
+        independent.as_ref(),
+        out,
+    )?;
     eprintln!(
         "lockedjob lab {}: verdict {:?} ({}) — {} acquisitions, {} failed attempts, {} lease losses, {} overlaps, {} acts past a deadline, {} token-order violations, {} stale writes refused; {}",
         scenario.name(),
@@ -214,9 +252,9 @@ fn write_outputs(
     parameters: &scenarios::Parameters,
     history: &History,
     findings: &Findings,
+    independent: Option<&porcupine::Independent>,
     out: &Path,
 ) -> Result<(), LabError> {
-    std::fs::create_dir_all(out).map_err(|e| LabError::Io("create the output directory", e))?;
     let verdict = findings.verdict();
     let report = Report {
         scenario: scenario.name(),
@@ -246,7 +284,9 @@ fn write_outputs(
         },
         verdict,
         expected: scenario.expected(),
-        as_expected: scenario.expected().contains(&verdict),
+        as_expected: scenario.expected().contains(&verdict)
+            && independent.is_none_or(|i| scenario.expected().contains(&i.verdict)),
+        independent_checker: independent,
         findings,
     };
     let json = serde_json::to_string_pretty(&report)

@@ -32,6 +32,8 @@ pub struct Parameters {
     /// Lock nodes serve TLS only (`--tls-dir`).
     #[serde(serialize_with = "serialize_is_some")]
     pub tls: Option<NodeTls>,
+    /// The store takes every write (`--unfenced-store`): a broken build, on purpose.
+    pub unfenced_store: bool,
 }
 
 fn serialize_is_some<S: serde::Serializer>(
@@ -74,6 +76,7 @@ impl Parameters {
             },
             restart_delay_ms: ttl_ms + ttl_ms / 2,
             tls: None,
+            unfenced_store: false,
         }
     }
 }
@@ -262,6 +265,9 @@ fn start(scenario: Scenario, p: &Parameters) -> Result<Run, LabError> {
             .args(["--request-timeout-ms", &p.request_timeout_ms.to_string()]);
         if let Some(tls) = &p.tls {
             client.arg("--redis-ca-file").arg(&tls.ca_file);
+        }
+        if p.unfenced_store {
+            client.arg("--unfenced-store");
         }
         let mut child = client
             // Everything a client does is in its history; its logs would only repeat it.
