@@ -201,3 +201,27 @@ fn a_paused_holder_is_fenced_and_an_unfenced_store_makes_both_checkers_object() 
         "not linearizable"
     );
 }
+
+/// The soak: a seeded schedule of overlapping random faults (nodes killed, node 0 back empty,
+/// holders paused and cut off, slow nodes, clock jumps). Safe or fenced by both checkers, never
+/// unsafe; the schedule is in the report and is the seed's.
+#[test]
+fn a_seeded_soak_of_overlapping_faults_is_never_unsafe_by_either_checker() {
+    let report = lab_with("soak", 40, &["--seed".as_ref(), "7".as_ref()]);
+    for verdict in [
+        &report["verdict"],
+        &report["independent_checker"]["verdict"],
+    ] {
+        assert!(verdict == "safe" || verdict == "fenced", "{report:#}");
+    }
+    assert_eq!(report["parameters"]["seed"], 7);
+    let schedule = report["parameters"]["schedule"]
+        .as_array()
+        .expect("the schedule in the report");
+    assert!(schedule.len() >= 8, "{report:#}");
+    let faults = report["faults"].to_string();
+    for kind in ["kill -9 redis", "SIGSTOP client", "clock +"] {
+        assert!(faults.contains(kind), "no {kind:?} in {faults}");
+    }
+    assert!(count(&report, "acquisitions") >= 5, "{report:#}");
+}

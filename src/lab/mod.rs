@@ -12,6 +12,7 @@ pub mod history;
 mod porcupine;
 mod scenario;
 mod scenarios;
+mod soak;
 pub mod timeline;
 
 pub use error::LabError;
@@ -59,6 +60,9 @@ pub struct LabArgs {
     /// object (the scenario's expected verdicts then do not hold).
     #[arg(long)]
     pub unfenced_store: bool,
+    /// What the soak's fault schedule is drawn from: the same seed, the same schedule.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
 }
 
 #[derive(Debug, Serialize)]
@@ -193,6 +197,16 @@ fn run_one(
     );
     parameters.tls = tls.cloned();
     parameters.unfenced_store = args.unfenced_store;
+    if scenario == Scenario::Soak {
+        parameters.seed = args.seed;
+        parameters.schedule = soak::schedule(
+            args.seed,
+            args.seconds,
+            args.ttl_ms,
+            args.nodes,
+            parameters.restart_delay_ms,
+        );
+    }
     eprintln!(
         "lockedjob lab {}: {} clients, {} nodes, {} s, TTL {} ms ...",
         scenario.name(),

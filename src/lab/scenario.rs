@@ -26,7 +26,11 @@ pub enum Scenario {
     /// Latency near the TTL on every path: acquisitions fail rather than return a lease with
     /// no validity; no overlap.
     SlowNetwork,
-    /// Every scenario above, one after the other, each in its own subdirectory.
+    /// Random faults from a seed (--seed), overlapping: nodes killed and restarted, node 0
+    /// restarted empty after the restart delay, holders paused or cut off, slow nodes, clock
+    /// jumps. Safe or fenced, never unsafe; the schedule is in the report.
+    Soak,
+    /// Every scenario above but the soak, one after the other, each in its own subdirectory.
     All,
 }
 
@@ -50,6 +54,7 @@ impl Scenario {
             Scenario::ClientPause => "client-pause",
             Scenario::Partition => "partition",
             Scenario::SlowNetwork => "slow-network",
+            Scenario::Soak => "soak",
             Scenario::All => "all",
         }
     }
@@ -72,6 +77,8 @@ impl Scenario {
             // The documented hazard: whatever happens is shown, not prevented.
             Scenario::RestartNoPersistence => &[Verdict::Safe, Verdict::Fenced, Verdict::Unsafe],
             Scenario::ClockJump | Scenario::ClientPause => &[Verdict::Fenced],
+            // Pauses, cuts and clock jumps may break mutual exclusion; fencing must hold.
+            Scenario::Soak => &[Verdict::Safe, Verdict::Fenced],
             Scenario::All => &[],
         }
     }

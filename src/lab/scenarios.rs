@@ -8,6 +8,7 @@ use super::harness::{
 };
 use super::history::{monotonic_us, ClientEvent, Fault, History, NodeEvent, NodeState, StoreWrite};
 use super::scenario::Scenario;
+use super::soak;
 use crate::redlock::DEFAULT_KEY_PREFIX;
 use std::collections::HashMap;
 use std::io::BufRead;
@@ -34,6 +35,10 @@ pub struct Parameters {
     pub tls: Option<NodeTls>,
     /// The store takes every write (`--unfenced-store`): a broken build, on purpose.
     pub unfenced_store: bool,
+    /// What the soak's fault schedule is drawn from (`--seed`).
+    pub seed: u64,
+    /// The soak's schedule, as drawn (empty for the other scenarios).
+    pub schedule: Vec<soak::Planned>,
 }
 
 fn serialize_is_some<S: serde::Serializer>(
@@ -56,7 +61,7 @@ impl Parameters {
             Scenario::RestartNoPersistence | Scenario::ClockJump | Scenario::Partition => {
                 (ttl_ms * 3, 100)
             }
-            Scenario::ClientPause => (ttl_ms, 100),
+            Scenario::ClientPause | Scenario::Soak => (ttl_ms, 100),
             // Requests must be allowed to take as long as the latency the scenario adds, or
             // they time out before the validity check is ever reached.
             Scenario::SlowNetwork => (ttl_ms / 2, ttl_ms * 2),
@@ -77,6 +82,8 @@ impl Parameters {
             restart_delay_ms: ttl_ms + ttl_ms / 2,
             tls: None,
             unfenced_store: false,
+            seed: 0,
+            schedule: Vec::new(),
         }
     }
 }
@@ -209,13 +216,13 @@ fn start(scenario: Scenario, p: &Parameters) -> Result<Run, LabError> {
     let nodes = RedisNodes::start_with(
         p.nodes as usize,
         scenario.persistence(),
-        |i| scenario == Scenario::ClockJump && i == 2,
+        |i| matches!(scenario, Scenario::ClockJump | Scenario::Soak) && i == 2,
         p.tls.as_ref(),
     )?;
     let store = RedisNode::start(Persistence::None)?;
     let proxies = if matches!(
         scenario,
-        Scenario::Partition | Scenario::SlowNetwork | Scenario::ClockJump
+        Scenario::Partition | Scenario::SlowNetwork | Scenario::ClockJump | Scenario::Soak
     ) {
         (0..p.clients)
             .map(|_| {
@@ -539,7 +546,184 @@ fn script(
             }
             sleep_until(end);
         }
+        Scenario::Soak => soak_script(p, run, end)?,
         Scenario::All => {}
+    }
+    Ok(())
+}
+
+/// What heals a soak fault.
+enum Heal {
+    Restart { node: usize, emptied: bool },
+    Resume { client: u32 },
+    Reconnect { client: u32 },
+    Unslow { node: usize },
+}
+
+/// Runs the soak's schedule (`soak.rs`): each fault at its time, each heal at its own, faults
+/// overlapping; a fault whose target is gone (no holder, a node already down) is skipped and
+/// said so.
+fn soak_script(p: &Parameters, run: &mut Run, end: Instant) -> Result<(), LabError> {
+    let ttl = Duration::from_millis(p.ttl_ms);
+    let started = Instant::now();
+    let mut heals: Vec<(Instant, Heal)> = Vec::new();
+    let mut clock = Duration::ZERO;
+    for planned in &p.schedule {
+        let at = (started + Duration::from_millis(planned.at_ms)).min(end);
+        heal_until(run, &mut heals, at)?;
+        sleep_until(at);
+        if interrupted() || Instant::now() >= end {
+            break;
+        }
+        let heal_at = Instant::now() + Duration::from_millis(planned.heal_after_ms);
+        if let Some(heal) = apply(run, planned.fault, ttl, &mut clock)? {
+            heals.push((heal_at, heal));
+        }
+    }
+    heal_until(run, &mut heals, end)?;
+    // Whatever is still faulted heals now, so the run ends with every node up.
+    for (_, heal) in std::mem::take(&mut heals) {
+        undo(run, heal)?;
+    }
+    sleep_until(end);
+    Ok(())
+}
+
+/// Heals, in time order, everything due by `until`.
+fn heal_until(
+    run: &mut Run,
+    heals: &mut Vec<(Instant, Heal)>,
+    until: Instant,
+) -> Result<(), LabError> {
+    heals.sort_by_key(|(at, _)| *at);
+    while heals.first().is_some_and(|(at, _)| *at <= until) && !interrupted() {
+        let (at, heal) = heals.remove(0);
+        sleep_until(at);
+        undo(run, heal)?;
+    }
+    Ok(())
+}
+
+fn apply(
+    run: &mut Run,
+    fault: soak::SoakFault,
+    ttl: Duration,
+    clock: &mut Duration,
+) -> Result<Option<Heal>, LabError> {
+    use soak::SoakFault;
+    let majority = run.nodes.len() / 2 + 1;
+    Ok(match fault {
+        SoakFault::KillNode { .. } | SoakFault::WipeNode
+            if !run.nodes[node_of(fault)].is_running() =>
+        {
+            run.fault(format!("skipped {fault:?}: the node is down"));
+            None
+        }
+        SoakFault::KillNode { node } => {
+            let node = node as usize;
+            run.fault(format!("kill -9 redis {node}"));
+            run.nodes[node].kill9();
+            run.node_state(node, NodeState::Down);
+            Some(Heal::Restart {
+                node,
+                emptied: false,
+            })
+        }
+        SoakFault::WipeNode => {
+            run.fault("kill -9 redis 0, its data lost");
+            run.nodes[0].kill9();
+            run.nodes[0].wipe()?;
+            run.node_state(0, NodeState::Down);
+            Some(Heal::Restart {
+                node: 0,
+                emptied: true,
+            })
+        }
+        SoakFault::PauseHolder | SoakFault::CutHolder => {
+            let Some(holder) = run.wait_holder(ttl) else {
+                run.fault(format!("skipped {fault:?}: no holder"));
+                return Ok(None);
+            };
+            if fault == SoakFault::PauseHolder {
+                run.fault(format!("SIGSTOP client {holder}"));
+                run.signal_client(holder, nix::sys::signal::Signal::SIGSTOP);
+                Some(Heal::Resume { client: holder })
+            } else {
+                run.fault(format!("cut client {holder} from redis 0-{}", majority - 1));
+                run.set_paths(
+                    Some(holder),
+                    0..majority,
+                    ProxyMode::Blackhole,
+                    NodeState::Partitioned,
+                );
+                Some(Heal::Reconnect { client: holder })
+            }
+        }
+        SoakFault::SlowNode { node, delay_ms } => {
+            let node = node as usize;
+            let delay = Duration::from_millis(delay_ms);
+            run.fault(format!("latency {delay_ms} ms each way to redis {node}"));
+            run.set_paths(
+                None,
+                node..node + 1,
+                ProxyMode::Delay(delay),
+                NodeState::Slow { delay_ms },
+            );
+            Some(Heal::Unslow { node })
+        }
+        SoakFault::ClockJump { by_ms } => {
+            *clock += Duration::from_millis(by_ms);
+            run.nodes[2].shift_clock(*clock)?;
+            run.node_state(
+                2,
+                NodeState::Skewed {
+                    offset_ms: clock.as_millis() as u64,
+                },
+            );
+            run.fault(format!("redis 2 clock +{}s", by_ms as f64 / 1000.0));
+            None
+        }
+    })
+}
+
+/// The node a node fault aims at.
+fn node_of(fault: soak::SoakFault) -> usize {
+    match fault {
+        soak::SoakFault::KillNode { node } => node as usize,
+        _ => 0,
+    }
+}
+
+fn undo(run: &mut Run, heal: Heal) -> Result<(), LabError> {
+    let majority = run.nodes.len() / 2 + 1;
+    match heal {
+        Heal::Restart { node, emptied } => {
+            run.nodes[node].restart()?;
+            run.node_state(
+                node,
+                if emptied {
+                    NodeState::Emptied
+                } else {
+                    NodeState::Up
+                },
+            );
+            run.fault(format!(
+                "redis {node} back{}",
+                if emptied { ", empty" } else { "" }
+            ));
+        }
+        Heal::Resume { client } => {
+            run.signal_client(client, nix::sys::signal::Signal::SIGCONT);
+            run.fault(format!("SIGCONT client {client}"));
+        }
+        Heal::Reconnect { client } => {
+            run.set_paths(Some(client), 0..majority, ProxyMode::Forward, NodeState::Up);
+            run.fault(format!("heal client {client}"));
+        }
+        Heal::Unslow { node } => {
+            run.set_paths(None, node..node + 1, ProxyMode::Forward, NodeState::Up);
+            run.fault(format!("redis {node} fast again"));
+        }
     }
     Ok(())
 }

@@ -289,6 +289,22 @@ impl RedisNode {
             .set(offset)
     }
 
+    /// Deletes what the node keeps on disk (its append-only files and any snapshot), as a
+    /// lost disk would: it must be stopped. Its log stays.
+    pub fn wipe(&mut self) -> Result<(), HarnessError> {
+        let dir = self.dir.path();
+        let aof = dir.join("appendonlydir");
+        if aof.exists() {
+            std::fs::remove_dir_all(&aof).map_err(|e| HarnessError::Io("wipe a node's data", e))?;
+        }
+        let snapshot = dir.join("dump.rdb");
+        if snapshot.exists() {
+            std::fs::remove_file(&snapshot)
+                .map_err(|e| HarnessError::Io("wipe a node's data", e))?;
+        }
+        Ok(())
+    }
+
     pub fn data_dir(&self) -> &Path {
         self.dir.path()
     }
