@@ -339,3 +339,24 @@ fn bad_input_gives_clear_errors_and_distinct_exit_codes() {
         .expect("run");
     assert_eq!(usage.status.code(), Some(64));
 }
+
+/// A one-shot `exec` (a CronJob's) whose nodes are far away: each round trip takes 30 ms,
+/// under the 50 ms request timeout, but opening a connection takes several. Its one attempt
+/// waits for the first connections (up to the connect timeout) instead of failing on all nodes
+/// as "timed out".
+#[test]
+fn a_one_shot_exec_over_slow_links_waits_for_its_first_connections() {
+    use support::{FaultProxy, ProxyMode};
+    let nodes = RedisNodes::start(3, Persistence::None).expect("start redis-server");
+    let proxies: Vec<FaultProxy> = nodes
+        .nodes
+        .iter()
+        .map(|node| FaultProxy::start(&node.addr()).expect("start proxy"))
+        .collect();
+    for proxy in &proxies {
+        proxy.set_mode(ProxyMode::Delay(Duration::from_millis(15)));
+    }
+    let urls: Vec<String> = proxies.iter().map(FaultProxy::url).collect();
+    let out = run(&urls, &["--connect-timeout", "2s"], &["true"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+}

@@ -19,12 +19,11 @@ use lockedjob::api::LockedJob;
 use nix::sys::signal::Signal;
 use std::time::Duration;
 use support::kubernetes::eventually;
-use support::pki::{CertFiles, TestCa, Validity};
+use support::pki::TestCa;
 use support::rotation::{
-    bundle, config_set, install, install_pair, kill_clients, read, set_password_rule, tls_secret,
-    SecretVolume,
+    bundle, kill_clients, read, set_password_rule, tls_secret, RotatingNodes, SecretVolume,
 };
-use support::{NodeTls, Persistence, ProxyMode, RedisNodes, SetChecks};
+use support::{Persistence, ProxyMode, RedisNodes, SetChecks};
 
 /// Any Job of the LockedJobs not being deleted.
 fn any_live(jobs: &[Job]) -> bool {
@@ -1049,68 +1048,12 @@ async fn certificates_and_the_password_rotate_with_no_run_missed_or_doubled() {
     }
 }
 
-/// The lock nodes of the rotation scenario: mutual TLS from files the test replaces, and the
-/// README's user with a password.
-struct RotatingNodes {
-    nodes: RedisNodes,
-    node_ca: std::path::PathBuf,
-    server: CertFiles,
-    admin: CertFiles,
-}
-
-impl RotatingNodes {
-    fn start(dir: &std::path::Path, ca: &TestCa) -> Self {
-        let node_ca = dir.join("node-ca.crt");
-        install(&node_ca, &read(&ca.ca_file));
-        let pair = |name: &str| CertFiles {
-            cert: dir.join(format!("{name}.crt")),
-            key: dir.join(format!("{name}.key")),
-        };
-        let (server, admin) = (pair("node"), pair("admin"));
-        install_pair(
-            &server,
-            &ca.server("server-old", &["127.0.0.1"], Validity::Current),
-        );
-        install_pair(&admin, &ca.client("admin-old"));
-        let tls = NodeTls {
-            cert_file: server.cert.clone(),
-            key_file: server.key.clone(),
-            ca_file: node_ca.clone(),
-            require_client_cert: true,
-            client: Some((admin.cert.clone(), admin.key.clone())),
-            host: "127.0.0.1".into(),
-        };
-        let nodes = RedisNodes::start_tls(3, Persistence::AppendFsyncAlways, &tls)
-            .expect("start mTLS nodes");
-        set_password_rule(&nodes, "lockedjob", ">old-password");
-        Self {
-            nodes,
-            node_ca,
-            server,
-            admin,
-        }
-    }
-
-    fn trust(&self, cas: &[&TestCa]) {
-        install(&self.node_ca, &bundle(cas));
-        config_set(&self.nodes, "tls-ca-cert-file", &self.node_ca);
-    }
-
-    fn serve_certificates_of(&self, ca: &TestCa) {
-        install_pair(
-            &self.server,
-            &ca.server("server-new", &["127.0.0.1"], Validity::Current),
-        );
-        install_pair(&self.admin, &ca.client("admin-new"));
-        config_set(&self.nodes, "tls-cert-file", &self.server.cert);
-    }
-}
-
 async fn rotation(cluster: Cluster) {
     let dir = tempfile::tempdir().expect("dir");
     let base = dir.path().to_path_buf();
     let (old_ca, new_ca) = (TestCa::new("old-ca"), TestCa::new("new-ca"));
     let lock_nodes = RotatingNodes::start(&base, &old_ca);
+    set_password_rule(&lock_nodes.nodes, "lockedjob", ">old-password");
     let mut client_tls = SecretVolume::new(
         base.join("client-tls"),
         &tls_secret(read(&old_ca.ca_file), &old_ca.client("client-old")),

@@ -18,8 +18,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use support::pki::{CertFiles, TestCa, Validity};
 use support::rotation::{
-    bundle, config_set, install, install_pair, kill_clients, read, set_password_rule, tls_secret,
-    SecretVolume,
+    bundle, install, install_pair, kill_clients, read, set_password_rule, tls_secret,
+    RotatingNodes, SecretVolume,
 };
 use support::{lockedjob_bin, wait_until, NodeTls, Persistence, RedisNodes};
 
@@ -179,6 +179,23 @@ async fn hold_a_lease(engine: &Redlock) -> Watchdog {
     Watchdog::spawn(engine.clone(), lease, LeaseTiming::from_ttl(ttl))
 }
 
+/// An engine with what was rotated away gets no quorum.
+async fn assert_refused(stale_engine: &Redlock, what: &str) {
+    let refused = stale_engine
+        .try_acquire("stale-check", Duration::from_secs(3))
+        .await;
+    assert!(
+        matches!(&refused, Err(LockError::NoQuorum { .. })),
+        "{what} is refused: {refused:?}"
+    );
+}
+
+/// The lease held under the watchdog was never lost, and is released.
+async fn assert_held_throughout(watchdog: Watchdog, leader: &Redlock) {
+    assert!(!watchdog.is_lost(), "the held lease survived the rotation");
+    assert!(watchdog.release(leader).await, "released at the end");
+}
+
 /// Waits until every engine applied one more change of its files than `before` says.
 fn wait_applied(engines: &[Redlock], before: &[u64]) {
     let all = || {
@@ -206,31 +223,8 @@ async fn the_ca_and_client_certificate_rotate_with_no_run_missed_doubled_or_leas
     let new_ca = TestCa::new("new-ca");
     let dir = tempfile::tempdir().expect("temp dir");
     let path = |name: &str| dir.path().join(name);
-    // What the nodes serve and trust, and what the test's own checks present.
-    let node_ca = path("node-ca.crt");
-    install(&node_ca, &read(&old_ca.ca_file));
-    let server = CertFiles {
-        cert: path("node.crt"),
-        key: path("node.key"),
-    };
-    install_pair(
-        &server,
-        &old_ca.server("server-old", &["127.0.0.1"], Validity::Current),
-    );
-    let admin = CertFiles {
-        cert: path("admin.crt"),
-        key: path("admin.key"),
-    };
-    install_pair(&admin, &old_ca.client("admin-old"));
-    let node_tls = NodeTls {
-        cert_file: server.cert.clone(),
-        key_file: server.key.clone(),
-        ca_file: node_ca.clone(),
-        require_client_cert: true,
-        client: Some((admin.cert.clone(), admin.key.clone())),
-        host: "127.0.0.1".into(),
-    };
-    let nodes = RedisNodes::start_tls(3, Persistence::None, &node_tls).expect("start mTLS nodes");
+    let lock_nodes = RotatingNodes::start(dir.path(), &old_ca);
+    let nodes = &lock_nodes.nodes;
     // What the engines read: a CA bundle and a client certificate, from a Secret volume.
     let old_client = old_ca.client("client-old");
     let mut client = SecretVolume::new(
@@ -253,43 +247,36 @@ async fn the_ca_and_client_certificate_rotate_with_no_run_missed_doubled_or_leas
     replicas.wait_for_steps(2).await;
 
     // 1. The nodes trust both CAs.
-    install(&node_ca, &bundle(&[&old_ca, &new_ca]));
-    config_set(&nodes, "tls-ca-cert-file", &node_ca);
+    lock_nodes.trust(&[&old_ca, &new_ca]);
     // 2. The clients trust both and present a certificate the new CA signed. Every engine
     // applies it and replaces each connection with one opened under it, before any is cut.
-    let ids_before = last_client_ids(&nodes);
+    let ids_before = last_client_ids(nodes);
     let before = applied(&engines);
     let new_client = new_ca.client("client-new");
     client.update(&tls_secret(bundle(&[&old_ca, &new_ca]), &new_client));
     wait_applied(&engines, &before);
     let replaced = || {
         (0..nodes.len()).all(|n| {
-            let ids = client_ids(&nodes, n);
+            let ids = client_ids(nodes, n);
             ids.len() >= engines.len() && ids.iter().all(|id| *id > ids_before[n])
         })
     };
     assert!(
         wait_until(Duration::from_secs(10), replaced),
         "every connection replaced by one opened with the new certificate: {:?} (ids before: {ids_before:?})",
-        (0..nodes.len()).map(|n| client_ids(&nodes, n)).collect::<Vec<_>>()
+        (0..nodes.len()).map(|n| client_ids(nodes, n)).collect::<Vec<_>>()
     );
     replicas.wait_for_steps(2).await;
 
     // 3. The nodes serve a certificate the new CA signed.
-    install_pair(
-        &server,
-        &new_ca.server("server-new", &["127.0.0.1"], Validity::Current),
-    );
-    install_pair(&admin, &new_ca.client("admin-new"));
-    config_set(&nodes, "tls-cert-file", &server.cert);
+    lock_nodes.serve_certificates_of(&new_ca);
     // 4. The old CA is removed everywhere; then every connection is cut, so that each engine
     // must open new ones, which the nodes accept only with the new certificate.
-    install(&node_ca, &read(&new_ca.ca_file));
-    config_set(&nodes, "tls-ca-cert-file", &node_ca);
+    lock_nodes.trust(&[&new_ca]);
     let before = applied(&engines);
     client.update(&tls_secret(read(&new_ca.ca_file), &new_client));
     wait_applied(&engines, &before);
-    kill_clients(&nodes);
+    kill_clients(nodes);
     replicas.wait_for_steps(3).await;
 
     // The old certificate no longer opens anything: what the engines use now is the new one.
@@ -298,16 +285,8 @@ async fn the_ca_and_client_certificate_rotate_with_no_run_missed_doubled_or_leas
         &tls_secret(read(&new_ca.ca_file), &old_client),
     );
     let stale_engine = engine(nodes.urls(), stale.tls(), Credentials::default(), "stale");
-    let refused = stale_engine
-        .try_acquire("stale-check", Duration::from_secs(3))
-        .await;
-    assert!(
-        matches!(&refused, Err(LockError::NoQuorum { .. })),
-        "the old client certificate is refused: {refused:?}"
-    );
-
-    assert!(!watchdog.is_lost(), "the held lease survived the rotation");
-    assert!(watchdog.release(&leader).await, "released at the end");
+    assert_refused(&stale_engine, "the old client certificate").await;
+    assert_held_throughout(watchdog, &leader).await;
     for engine in &engines {
         assert_eq!(metric(engine, "lockedjob_lease_losses_total"), 0);
         // The volume swaps all files at once: no engine ever saw a mix to refuse.
@@ -359,15 +338,8 @@ async fn the_password_rotates_with_no_run_missed_doubled_or_lease_lost() {
     stale.password_file = None;
     stale.password = Some("old-password".into());
     let stale_engine = engine(nodes.urls(), TlsFiles::default(), stale, "stale");
-    let refused = stale_engine
-        .try_acquire("stale-check", Duration::from_secs(3))
-        .await;
-    assert!(
-        matches!(&refused, Err(LockError::NoQuorum { .. })),
-        "the old password is refused: {refused:?}"
-    );
-    assert!(!watchdog.is_lost(), "the held lease survived the rotation");
-    assert!(watchdog.release(&leader).await, "released at the end");
+    assert_refused(&stale_engine, "the old password").await;
+    assert_held_throughout(watchdog, &leader).await;
     replicas.stop_and_check();
 }
 

@@ -61,8 +61,9 @@ pub struct RedlockConfig {
     pub tls: TlsFiles,
     /// Bound on each request to one node. A dead or hung node costs this much, never more.
     pub request_timeout: Duration,
-    /// Bound on establishing a connection; it runs in the background, so a slow handshake
-    /// delays nothing beyond one request timeout.
+    /// Bound on establishing a connection. A node's first request waits for it (a one-shot
+    /// program has nothing else to wait for); later ones open in the background, so a slow
+    /// handshake delays nothing beyond one request timeout.
     pub connect_timeout: Duration,
     /// Share of the TTL by which node clocks may run fast.
     pub drift_factor: f64,

@@ -899,7 +899,8 @@ impl Redlock {
         limit: Option<Duration>,
         skip: &[bool],
     ) -> Round<T> {
-        let limit = limit.unwrap_or(self.inner.config.request_timeout);
+        // Without a limit of the caller's, each node's own bound holds (`Node::run_within`).
+        let limit = limit.unwrap_or(Duration::MAX);
         let targets: Vec<(usize, &Node)> = self
             .inner
             .nodes

@@ -14,7 +14,7 @@ use super::scripts;
 use futures::future::{BoxFuture, FutureExt, Shared};
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Client, FromRedisValue, ScriptInvocation};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -53,6 +53,9 @@ pub(crate) struct Node {
     request_timeout: Duration,
     connect_timeout: Duration,
     timeouts_in_a_row: AtomicU32,
+    /// Until a first request went out: a program's first round (a one-shot `exec` in a
+    /// CronJob) waits for the connection, up to the connect timeout.
+    first_request: AtomicBool,
 }
 
 struct SlotState {
@@ -90,6 +93,7 @@ impl Node {
             request_timeout,
             connect_timeout,
             timeouts_in_a_row: AtomicU32::new(0),
+            first_request: AtomicBool::new(true),
         })
     }
 
@@ -124,7 +128,7 @@ impl Node {
                 other => other.map_err(|(kind, _)| kind),
             }
         };
-        match tokio::time::timeout(limit.min(self.request_timeout), attempt).await {
+        match tokio::time::timeout(limit.min(self.bound()), attempt).await {
             Ok(result) => {
                 if result.is_ok() {
                     self.timeouts_in_a_row.store(0, Ordering::Relaxed);
@@ -139,6 +143,18 @@ impl Node {
                 }
                 Err(NodeErrorKind::Timeout)
             }
+        }
+    }
+
+    /// The request timeout; for the node's first request, the connect timeout on top. Later
+    /// connections open in the background while requests fail fast, but a program that makes
+    /// one attempt (`exec` with no `--wait`) would otherwise fail whenever a handshake takes
+    /// longer than a request (TLS across regions: several round trips, not one).
+    fn bound(&self) -> Duration {
+        if self.first_request.swap(false, Ordering::Relaxed) {
+            self.connect_timeout + self.request_timeout
+        } else {
+            self.request_timeout
         }
     }
 

@@ -1,9 +1,8 @@
 //! Rotating what clients and nodes authenticate with, the way Kubernetes and Redis do it: files
 //! replaced as a Secret volume replaces them, and the nodes told with `CONFIG SET`.
 
-use super::pki::CertFiles;
-use super::pki::TestCa;
-use super::RedisNodes;
+use super::pki::{CertFiles, TestCa, Validity};
+use super::{NodeTls, Persistence, RedisNodes};
 use lockedjob::redlock::TlsFiles;
 use std::path::{Path, PathBuf};
 
@@ -116,5 +115,64 @@ pub fn set_password_rule(nodes: &RedisNodes, user: &str, change: &str) {
         let _: String = node
             .command(&args)
             .unwrap_or_else(|e| panic!("ACL SETUSER {args:?} on {}: {e}", node.url()));
+    }
+}
+
+/// Three lock nodes that require client certificates, from files a test replaces (their CA
+/// bundle, their certificate, and the certificate the test's own checks present), with
+/// `appendfsync always`.
+pub struct RotatingNodes {
+    pub nodes: RedisNodes,
+    node_ca: PathBuf,
+    server: CertFiles,
+    admin: CertFiles,
+}
+
+impl RotatingNodes {
+    pub fn start(dir: &Path, ca: &TestCa) -> Self {
+        let node_ca = dir.join("node-ca.crt");
+        install(&node_ca, &read(&ca.ca_file));
+        let pair = |name: &str| CertFiles {
+            cert: dir.join(format!("{name}.crt")),
+            key: dir.join(format!("{name}.key")),
+        };
+        let (server, admin) = (pair("node"), pair("admin"));
+        install_pair(
+            &server,
+            &ca.server("server-old", &["127.0.0.1"], Validity::Current),
+        );
+        install_pair(&admin, &ca.client("admin-old"));
+        let tls = NodeTls {
+            cert_file: server.cert.clone(),
+            key_file: server.key.clone(),
+            ca_file: node_ca.clone(),
+            require_client_cert: true,
+            client: Some((admin.cert.clone(), admin.key.clone())),
+            host: "127.0.0.1".into(),
+        };
+        let nodes = RedisNodes::start_tls(3, Persistence::AppendFsyncAlways, &tls)
+            .expect("start mTLS nodes");
+        Self {
+            nodes,
+            node_ca,
+            server,
+            admin,
+        }
+    }
+
+    /// The nodes trust exactly `cas` for client certificates from now on.
+    pub fn trust(&self, cas: &[&TestCa]) {
+        install(&self.node_ca, &bundle(cas));
+        config_set(&self.nodes, "tls-ca-cert-file", &self.node_ca);
+    }
+
+    /// The nodes serve, and the test's checks present, certificates `ca` signed.
+    pub fn serve_certificates_of(&self, ca: &TestCa) {
+        install_pair(
+            &self.server,
+            &ca.server("server-new", &["127.0.0.1"], Validity::Current),
+        );
+        install_pair(&self.admin, &ca.client("admin-new"));
+        config_set(&self.nodes, "tls-cert-file", &self.server.cert);
     }
 }
