@@ -179,6 +179,30 @@ async fn hold_a_lease(engine: &Redlock) -> Watchdog {
     Watchdog::spawn(engine.clone(), lease, LeaseTiming::from_ttl(ttl))
 }
 
+/// The replicas' engines and the leader's, all with the same files.
+fn engines(urls: Vec<String>, tls: TlsFiles, credentials: Credentials) -> Vec<Redlock> {
+    (0..REPLICAS + 1)
+        .map(|i| {
+            engine(
+                urls.clone(),
+                tls.clone(),
+                credentials.clone(),
+                &format!("r{i}"),
+            )
+        })
+        .collect()
+}
+
+/// The last engine holds a lease under its watchdog; the others run the job, two due times
+/// before anything rotates.
+async fn start_work(engines: &[Redlock]) -> (Redlock, Watchdog, Replicas) {
+    let leader = engines[REPLICAS].clone();
+    let watchdog = hold_a_lease(&leader).await;
+    let replicas = Replicas::start(engines[..REPLICAS].to_vec());
+    replicas.wait_for_steps(2).await;
+    (leader, watchdog, replicas)
+}
+
 /// An engine with what was rotated away gets no quorum.
 async fn assert_refused(stale_engine: &Redlock, what: &str) {
     let refused = stale_engine
@@ -231,20 +255,8 @@ async fn the_ca_and_client_certificate_rotate_with_no_run_missed_doubled_or_leas
         path("client-secret"),
         &tls_secret(read(&old_ca.ca_file), &old_client),
     );
-    let engines: Vec<Redlock> = (0..REPLICAS + 1)
-        .map(|i| {
-            engine(
-                nodes.urls(),
-                client.tls(),
-                Credentials::default(),
-                &format!("r{i}"),
-            )
-        })
-        .collect();
-    let leader = engines[REPLICAS].clone();
-    let watchdog = hold_a_lease(&leader).await;
-    let replicas = Replicas::start(engines[..REPLICAS].to_vec());
-    replicas.wait_for_steps(2).await;
+    let engines = engines(nodes.urls(), client.tls(), Credentials::default());
+    let (leader, watchdog, replicas) = start_work(&engines).await;
 
     // 1. The nodes trust both CAs.
     lock_nodes.trust(&[&old_ca, &new_ca]);
@@ -308,20 +320,8 @@ async fn the_password_rotates_with_no_run_missed_doubled_or_lease_lost() {
         password_file: Some(password_file.clone()),
         ..Credentials::default()
     };
-    let engines: Vec<Redlock> = (0..REPLICAS + 1)
-        .map(|i| {
-            engine(
-                nodes.urls(),
-                TlsFiles::default(),
-                credentials.clone(),
-                &format!("r{i}"),
-            )
-        })
-        .collect();
-    let leader = engines[REPLICAS].clone();
-    let watchdog = hold_a_lease(&leader).await;
-    let replicas = Replicas::start(engines[..REPLICAS].to_vec());
-    replicas.wait_for_steps(2).await;
+    let engines = engines(nodes.urls(), TlsFiles::default(), credentials.clone());
+    let (leader, watchdog, replicas) = start_work(&engines).await;
 
     // The README's sequence: the new password on every node, then the Secret, then the old
     // password removed once every replica uses the new one.

@@ -206,6 +206,25 @@ impl Run {
         }
     }
 
+    /// Blackholes `client`'s paths to a majority of nodes (the partition scenario, the soak).
+    fn cut_from_majority(&mut self, client: u32) {
+        let majority = self.nodes.len() / 2 + 1;
+        self.fault(format!("cut client {client} from redis 0-{}", majority - 1));
+        self.set_paths(
+            Some(client),
+            0..majority,
+            ProxyMode::Blackhole,
+            NodeState::Partitioned,
+        );
+    }
+
+    /// Undoes [`Run::cut_from_majority`].
+    fn reconnect(&mut self, client: u32) {
+        let majority = self.nodes.len() / 2 + 1;
+        self.set_paths(Some(client), 0..majority, ProxyMode::Forward, NodeState::Up);
+        self.fault(format!("heal client {client}"));
+    }
+
     fn signal_client(&self, client: u32, signal: nix::sys::signal::Signal) {
         let pid = nix::unistd::Pid::from_raw(self.clients[client as usize].id() as i32);
         let _ = nix::sys::signal::kill(pid, signal);
@@ -511,16 +530,9 @@ fn script(
                     continue;
                 };
                 nap(ttl / 5);
-                run.fault(format!("cut client {holder} from redis 0-{}", majority - 1));
-                run.set_paths(
-                    Some(holder),
-                    0..majority,
-                    ProxyMode::Blackhole,
-                    NodeState::Partitioned,
-                );
+                run.cut_from_majority(holder);
                 nap(ttl * 3);
-                run.set_paths(Some(holder), 0..majority, ProxyMode::Forward, NodeState::Up);
-                run.fault(format!("heal client {holder}"));
+                run.reconnect(holder);
                 nap(ttl);
             }
             sleep_until(end);
@@ -611,7 +623,6 @@ fn apply(
     clock: &mut Duration,
 ) -> Result<Option<Heal>, LabError> {
     use soak::SoakFault;
-    let majority = run.nodes.len() / 2 + 1;
     Ok(match fault {
         SoakFault::KillNode { .. } | SoakFault::WipeNode
             if !run.nodes[node_of(fault)].is_running() =>
@@ -649,13 +660,7 @@ fn apply(
                 run.signal_client(holder, nix::sys::signal::Signal::SIGSTOP);
                 Some(Heal::Resume { client: holder })
             } else {
-                run.fault(format!("cut client {holder} from redis 0-{}", majority - 1));
-                run.set_paths(
-                    Some(holder),
-                    0..majority,
-                    ProxyMode::Blackhole,
-                    NodeState::Partitioned,
-                );
+                run.cut_from_majority(holder);
                 Some(Heal::Reconnect { client: holder })
             }
         }
@@ -695,7 +700,6 @@ fn node_of(fault: soak::SoakFault) -> usize {
 }
 
 fn undo(run: &mut Run, heal: Heal) -> Result<(), LabError> {
-    let majority = run.nodes.len() / 2 + 1;
     match heal {
         Heal::Restart { node, emptied } => {
             run.nodes[node].restart()?;
@@ -716,10 +720,7 @@ fn undo(run: &mut Run, heal: Heal) -> Result<(), LabError> {
             run.signal_client(client, nix::sys::signal::Signal::SIGCONT);
             run.fault(format!("SIGCONT client {client}"));
         }
-        Heal::Reconnect { client } => {
-            run.set_paths(Some(client), 0..majority, ProxyMode::Forward, NodeState::Up);
-            run.fault(format!("heal client {client}"));
-        }
+        Heal::Reconnect { client } => run.reconnect(client),
         Heal::Unslow { node } => {
             run.set_paths(None, node..node + 1, ProxyMode::Forward, NodeState::Up);
             run.fault(format!("redis {node} fast again"));
