@@ -4,12 +4,17 @@
 //! - graceful: SIGTERM to the leader (a pod deleted); it stops its command and releases;
 //! - crash: SIGKILL to the leader (its lease lives out the TTL).
 //!
+//! The same trials with client-go's `tools/leaderelection` beside (`elect/client_go.rs`), at
+//! its defaults and at our lease length.
+//!
 //! Also the sidecar's memory and idle CPU (`elect --sidecar`, leading, for `IDLE_SECONDS`).
 //! `cargo bench --bench elect` runs it in full (`BENCH_TRIALS`, default 20; `BENCH_TTL`, default
 //! 5s); under `cargo test` one trial of each, so that it cannot rot. `BENCH_NODE=real` measures
 //! the sidecar in pods on a real node instead (`elect/kubernetes.rs`; root only). Build in release for
 //! figures worth quoting (`cargo bench` does).
 
+#[path = "elect/client_go.rs"]
+mod client_go;
 #[path = "elect/kubernetes.rs"]
 mod kubernetes;
 #[path = "../tests/support/mod.rs"]
@@ -69,13 +74,18 @@ fn now_nanos() -> u128 {
 }
 
 /// One failover per trial: the leader gets `signal`, the time until the next start is measured;
-/// the stopped candidate is started again to be the next trial's standby.
-fn failovers(nodes: &RedisNodes, signal: Signal, trials: usize, ttl: &str) -> Vec<Duration> {
+/// the stopped candidate is started again to be the next trial's standby. `candidate(dir, name)`
+/// starts a candidate that appends "NAME NANOS" to `dir/starts` when it starts leading.
+fn failovers(
+    candidate: impl Fn(&Path, &str) -> Child,
+    signal: Signal,
+    trials: usize,
+) -> Vec<Duration> {
     let dir = tempfile::tempdir().expect("tempdir");
     let names = ["a", "b"];
     let mut running: Vec<(String, Child)> = names
         .iter()
-        .map(|n| (n.to_string(), candidate(&nodes.urls(), dir.path(), n, ttl)))
+        .map(|n| (n.to_string(), candidate(dir.path(), n)))
         .collect();
     assert!(wait_until(Duration::from_secs(20), || starts(dir.path())
         .len()
@@ -100,10 +110,7 @@ fn failovers(nodes: &RedisNodes, signal: Signal, trials: usize, ttl: &str) -> Ve
         took.push(Duration::from_nanos(
             started.saturating_sub(stopped_at) as u64
         ));
-        running.push((
-            name.clone(),
-            candidate(&nodes.urls(), dir.path(), &name, ttl),
-        ));
+        running.push((name.clone(), candidate(dir.path(), &name)));
         // Let the restarted candidate make its first attempt before the next trial.
         std::thread::sleep(Duration::from_millis(300));
     }
@@ -119,10 +126,10 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[index.min(sorted.len() - 1)]
 }
 
-fn report(what: &str, mut took: Vec<Duration>) {
+fn report(who: &str, what: &str, mut took: Vec<Duration>) {
     took.sort();
     println!(
-        "| {what} | {} | {:.3} | {:.3} | {:.3} |",
+        "| {who} | {what} | {} | {:.3} | {:.3} | {:.3} |",
         took.len(),
         percentile(&took, 0.5).as_secs_f64(),
         percentile(&took, 0.99).as_secs_f64(),
@@ -179,27 +186,43 @@ fn main() {
     if std::env::var("BENCH_NODE").is_ok_and(|v| v == "real") {
         println!("elect failover on a real node: a Deployment of 2 pods with `elect --sidecar --ttl 15s`, 3 Redis pods; stopped leader → the lock holds the other pod's value");
         println!();
-        println!("| stop | trials | p50 s | p99 s | max s |");
-        println!("|---|---|---|---|---|");
+        println!("| candidates | stop | trials | p50 s | p99 s | max s |");
+        println!("|---|---|---|---|---|---|");
         for (what, took) in kubernetes::failovers(trials) {
-            report(what, took);
+            report("sidecar --ttl 15s", what, took);
         }
         return;
     }
     let ttl = std::env::var("BENCH_TTL").unwrap_or_else(|_| "5s".into());
+    let lease = humantime::parse_duration(&ttl).expect("BENCH_TTL: a duration such as 5s");
     let nodes = RedisNodes::start(3, Persistence::None).expect("start redis-server");
     println!("elect failover: 2 candidates, 3 local nodes, --ttl {ttl}, default --retry-interval; stopped leader → next leader's command started");
+    println!("client-go: tools/leaderelection (v0.36.3, a Lease on a local kube-apiserver), LeaseDuration/RenewDeadline/RetryPeriod as given, ReleaseOnCancel; stopped leader → next OnStartedLeading");
     println!();
-    println!("| stop | trials | p50 s | p99 s | max s |");
-    println!("|---|---|---|---|---|");
-    report(
-        "graceful (SIGTERM)",
-        failovers(&nodes, Signal::SIGTERM, trials, &ttl),
-    );
-    report(
-        "crash (SIGKILL)",
-        failovers(&nodes, Signal::SIGKILL, trials, &ttl),
-    );
+    println!("| candidates | stop | trials | p50 s | p99 s | max s |");
+    println!("|---|---|---|---|---|---|");
+    let ours = |dir: &Path, name: &str| candidate(&nodes.urls(), dir, name, &ttl);
+    let elect = format!("lockedjob elect --ttl {ttl}");
+    for (stop, signal) in [
+        ("graceful (SIGTERM)", Signal::SIGTERM),
+        ("crash (SIGKILL)", Signal::SIGKILL),
+    ] {
+        report(&elect, stop, failovers(ours, signal, trials));
+    }
+    let peers = client_go::Peers::start();
+    for timing in [
+        client_go::Timing::with_lease(lease),
+        client_go::Timing::defaults(),
+    ] {
+        let theirs = |dir: &Path, name: &str| peers.candidate("bench", &timing, dir, name);
+        let who = format!("client-go {}", timing.describe());
+        for (stop, signal) in [
+            ("graceful (SIGTERM)", Signal::SIGTERM),
+            ("crash (SIGKILL)", Signal::SIGKILL),
+        ] {
+            report(&who, stop, failovers(theirs, signal, trials));
+        }
+    }
     println!();
     sidecar_idle(&nodes, if full { IDLE_SECONDS } else { 1 });
 }

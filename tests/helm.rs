@@ -458,15 +458,16 @@ async fn watch_namespaces_confine_the_operator_to_least_privilege() {
         ],
     );
     for kind in ["servicemonitor", "prometheusrule", "role", "rolebinding"] {
-        let namespace = if kind.starts_with("role") {
-            &watched.namespace
+        // RBAC objects carry the release's namespace in their names (rbac.yaml says why).
+        let (namespace, name) = if kind.starts_with("role") {
+            (
+                &watched.namespace,
+                format!("{home}-{}", fullname(&release.name)),
+            )
         } else {
-            &home
+            (&home, fullname(&release.name))
         };
-        tools.run(
-            "kubectl",
-            &["get", kind, &fullname(&release.name), "-n", namespace],
-        );
+        tools.run("kubectl", &["get", kind, &name, "-n", namespace]);
     }
     let (_, cluster_roles) = tools.try_run(
         "kubectl",

@@ -15,7 +15,7 @@ mod support;
 
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{Namespace, Pod, Secret};
+use k8s_openapi::api::core::v1::{Namespace, Pod, Secret, Service};
 use kube::api::{Api, DeleteParams, ListParams, LogParams, PostParams};
 use kube::ResourceExt;
 use localcluster::{LocalCluster, NodeKind, Options};
@@ -243,6 +243,22 @@ fn readme_exec_job(name: &str, ns: &str, nodes_ns: &str, image: &str) -> String 
     )
 }
 
+/// The README's exec Job with each Redis node named by its pod's own DNS name,
+/// `<pod>.<headless Service>.<namespace>.svc`, instead of its ClusterIP Service.
+fn exec_job_by_pod_names(name: &str, ns: &str, image: &str) -> String {
+    let mut job = readme_exec_job(name, ns, ns, image);
+    for i in 0..REDIS_NODES {
+        let service = format!("{RELEASE}-lockedjob-operator-redis-{i}");
+        let by_service = format!("//{service}.{ns}.svc:");
+        assert!(job.contains(&by_service), "{by_service} in\n{job}");
+        job = job.replace(
+            &by_service,
+            &format!("//{}.{service}-headless.{ns}.svc:", redis_pod(i)),
+        );
+    }
+    job
+}
+
 /// Applies a Job and waits for its end: whether it succeeded, and its pod's output.
 async fn run_job(
     cluster: &LocalCluster,
@@ -342,6 +358,10 @@ async fn the_charts_defaults_run_on_a_real_node_in_a_restricted_namespace() {
         "the README's exec container:\n{job}\n{output}"
     );
     assert!(output.contains("lockedjob"), "{output}");
+    // Each Redis pod also has its own DNS name, through the headless governing Service.
+    let job = exec_job_by_pod_names("per-pod-exec", &ns, &image);
+    let (outcome, output) = run_job(cluster, &client, &ns, "per-pod-exec", &job).await;
+    assert_eq!(outcome, Some(true), "exec by pod names:\n{job}\n{output}");
     // Names that do not resolve are reported as such, not as a refused connection.
     let job = readme_exec_job("unresolved-exec", &ns, "no-such-namespace", &image);
     let (outcome, output) = run_job(cluster, &client, &ns, "unresolved-exec", &job).await;
@@ -595,4 +615,145 @@ async fn the_example_leader_fails_over_when_its_sidecar_dies(
         "the lock went to {next} after {took:?}, not through the kubelet's report:\n{logs}"
     );
     eprintln!("leader {leader}'s sidecar killed: {next} holds the lock after {took:?} (TTL 15 s)");
+}
+
+/// The last chart whose StatefulSets were governed by their ClusterIP Services (chart 0.1.0).
+const PREVIOUS_CHART_COMMIT: &str = "34799b0fc2c6eca248eb05fdfd054a0417497a09";
+
+/// The chart as it was at `commit`, from this repository's history, in `dir`.
+fn chart_at(commit: &str, dir: &Path) -> std::path::PathBuf {
+    let tar = dir.join("chart.tar");
+    let archived = std::process::Command::new("git")
+        .current_dir(repo(""))
+        .args(["archive", "--format=tar", "-o"])
+        .arg(&tar)
+        .args([commit, "charts/lockedjob-operator"])
+        .status()
+        .expect("git archive");
+    assert!(
+        archived.success(),
+        "git archive {commit}: the test needs the repository's history (not a shallow clone)"
+    );
+    let unpacked = std::process::Command::new("tar")
+        .arg("-xf")
+        .arg(&tar)
+        .arg("-C")
+        .arg(dir)
+        .status()
+        .expect("tar");
+    assert!(unpacked.success(), "unpack the chart of {commit}");
+    dir.join("charts/lockedjob-operator")
+}
+
+/// `helm install` or `helm upgrade` of `chart` as `RELEASE` in `ns`, waiting for it.
+fn helm_apply(cluster: &LocalCluster, verb: &str, chart: &Path, ns: &str) {
+    let delay = format!("redis.restartDelaySeconds={RESTART_DELAY_SECONDS}");
+    let chart = chart.to_str().expect("utf-8 path");
+    let args = [verb, RELEASE, chart, "--namespace", ns, "--set", &delay];
+    let wait = ["--wait", "--timeout", "5m"];
+    tool(cluster, "helm", &[&args[..], &wait[..]].concat());
+}
+
+/// Each Redis StatefulSet's governing Service, by StatefulSet name, and its uid.
+async fn governing_services(client: &kube::Client, ns: &str) -> BTreeMap<String, (String, String)> {
+    Api::<StatefulSet>::namespaced(client.clone(), ns)
+        .list(&ListParams::default())
+        .await
+        .expect("list StatefulSets")
+        .items
+        .into_iter()
+        .map(|set| {
+            let governing = set.spec.service_name.clone().unwrap_or_default();
+            (set.name_any(), (governing, set.uid().unwrap_or_default()))
+        })
+        .collect()
+}
+
+/// An install of the previous chart upgrades in place: a StatefulSet's `serviceName` cannot
+/// change, so the upgrade keeps the ClusterIP Service as the governing one, adds the headless
+/// Services beside, and the release keeps granting locks. Then the README's migration
+/// ("Upgrading from chart 0.1.0"): the StatefulSets deleted with `--cascade=orphan`, the chart
+/// upgraded again, each node restarted in turn; after it, every Redis pod answers at its own
+/// DNS name. The release shares its name with the other test's, in another namespace: each
+/// keeps its own cluster-wide RBAC (before the fix, the later install took over the binding and
+/// the other's operators never became Ready).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_install_of_the_previous_chart_upgrades_and_migrates_to_headless_services() {
+    let cluster = cluster().await;
+    let client = cluster.client().await.expect("client");
+    let ns = restricted_namespace(&client, "upgrade").await;
+    let old = tempfile::tempdir().expect("dir");
+    helm_apply(
+        cluster,
+        "install",
+        &chart_at(PREVIOUS_CHART_COMMIT, old.path()),
+        &ns,
+    );
+    let before = governing_services(&client, &ns).await;
+    assert_eq!(before.len(), REDIS_NODES, "{before:?}");
+    for (set, (governing, _)) in &before {
+        assert_eq!(
+            governing, set,
+            "the previous chart governs by the ClusterIP Service"
+        );
+    }
+
+    helm_apply(cluster, "upgrade", &repo("charts/lockedjob-operator"), &ns);
+    let after = governing_services(&client, &ns).await;
+    assert_eq!(after, before, "the upgrade kept each StatefulSet as it was");
+    let services: Api<Service> = Api::namespaced(client.clone(), &ns);
+    for set in before.keys() {
+        let headless = services
+            .get(&format!("{set}-headless"))
+            .await
+            .unwrap_or_else(|e| panic!("{set}-headless: {e}"));
+        let cluster_ip = headless.spec.and_then(|s| s.cluster_ip);
+        assert_eq!(cluster_ip.as_deref(), Some("None"), "{set}-headless");
+    }
+    assert!(
+        eventually(WAIT, || all_ready(&client, &ns)).await,
+        "the upgraded release is not Ready"
+    );
+    let image = format!("{IMAGE}:{}", chart_app_version());
+    let job = readme_exec_job("after-upgrade", &ns, &ns, &image);
+    let (outcome, output) = run_job(cluster, &client, &ns, "after-upgrade", &job).await;
+    assert_eq!(outcome, Some(true), "exec after the upgrade:\n{output}");
+    // Still governed by the ClusterIP Services: the pods have no names of their own yet.
+    let job = exec_job_by_pod_names("by-pod-before-migration", &ns, &image);
+    let (outcome, output) = run_job(cluster, &client, &ns, "by-pod-before-migration", &job).await;
+    assert_eq!(outcome, Some(false), "{output}");
+    assert!(output.contains("the host name did not resolve"), "{output}");
+
+    migrate_to_headless_services(cluster, &client, &ns).await;
+    let job = exec_job_by_pod_names("after-migration", &ns, &image);
+    let (outcome, output) = run_job(cluster, &client, &ns, "after-migration", &job).await;
+    assert_eq!(
+        outcome,
+        Some(true),
+        "exec by pod names after the migration:\n{output}"
+    );
+}
+
+/// The README's migration, command by command.
+async fn migrate_to_headless_services(cluster: &LocalCluster, client: &kube::Client, ns: &str) {
+    let selector =
+        format!("app.kubernetes.io/instance={RELEASE},app.kubernetes.io/component=redis");
+    let orphan = [
+        "delete",
+        "statefulset",
+        "-n",
+        ns,
+        "-l",
+        &selector,
+        "--cascade=orphan",
+    ];
+    tool(cluster, "kubectl", &orphan);
+    helm_apply(cluster, "upgrade", &repo("charts/lockedjob-operator"), ns);
+    for (set, (governing, _)) in governing_services(client, ns).await {
+        assert_eq!(governing, format!("{set}-headless"), "after the migration");
+        let set = format!("statefulset/{set}");
+        tool(cluster, "kubectl", &["rollout", "restart", "-n", ns, &set]);
+        let status = ["rollout", "status", "-n", ns, &set, "--timeout", "3m"];
+        tool(cluster, "kubectl", &status);
+    }
 }
