@@ -5,7 +5,9 @@
 //! - crash: SIGKILL to the leader (its lease lives out the TTL).
 //!
 //! The same trials with client-go's `tools/leaderelection` beside (`elect/client_go.rs`), at
-//! its defaults and at our lease length.
+//! its defaults and at our lease length. Then a paused leader: it and its work stopped past its
+//! lease and continued; the writes of deposed leaders, and how many of them a fenced store
+//! would take (`BENCH_PAUSE_TRIALS`, default 5).
 //!
 //! Also the sidecar's memory and idle CPU (`elect --sidecar`, leading, for `IDLE_SECONDS`).
 //! `cargo bench --bench elect` runs it in full (`BENCH_TRIALS`, default 20; `BENCH_TTL`, default
@@ -22,6 +24,7 @@ mod support;
 
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
+use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -29,11 +32,14 @@ use support::{lockedjob_bin, wait_until, Persistence, RedisNodes};
 
 const IDLE_SECONDS: u64 = 20;
 
-/// A candidate whose command appends "RUNNER NANOS" to `DIR/starts` when it starts leading.
+/// A candidate whose command appends "RUNNER NANOS" to `DIR/starts` when it starts leading,
+/// then "RUNNER TOKEN NANOS" to `DIR/writes` every 100 ms while it leads. Its own process group,
+/// so that a pause stops it whole.
 fn candidate(urls: &[String], dir: &Path, runner: &str, ttl: &str) -> Child {
     let script = format!(
-        "echo \"{runner} $(date +%s%N)\" >> {}; exec sleep 100000",
-        dir.join("starts").display()
+        "echo \"{runner} $(date +%s%N)\" >> {starts}; while :; do echo \"{runner} $LOCKEDJOB_FENCING_TOKEN $(date +%s%N)\" >> {writes}; sleep 0.1; done",
+        starts = dir.join("starts").display(),
+        writes = dir.join("writes").display(),
     );
     Command::new(lockedjob_bin())
         .args(["elect", "bench", "--redis", &urls.join(",")])
@@ -49,7 +55,8 @@ fn candidate(urls: &[String], dir: &Path, runner: &str, ttl: &str) -> Child {
         .env_remove("LOCKEDJOB_REDIS_URLS")
         .env("RUST_LOG", "warn")
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(client_go::log(dir, runner))
+        .process_group(0)
         .spawn()
         .expect("start lockedjob elect")
 }
@@ -119,6 +126,147 @@ fn failovers(
         let _ = child.wait();
     }
     took
+}
+
+/// The candidates' stderr, for a failure's message.
+fn logs(dir: &Path) -> String {
+    ["a", "b"]
+        .iter()
+        .map(|name| {
+            let text = std::fs::read_to_string(dir.join(format!("{name}.log")));
+            format!("--- {name}\n{}", text.unwrap_or_default())
+        })
+        .collect()
+}
+
+/// A write the candidates' work made: (runner, token, wall-clock nanoseconds).
+type Write = (String, u64, u128);
+
+fn writes(dir: &Path) -> Vec<Write> {
+    let mut all: Vec<Write> = std::fs::read_to_string(dir.join("writes"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|line| {
+            let mut fields = line.split(' ');
+            let runner = fields.next()?.to_string();
+            Some((
+                runner,
+                fields.next()?.parse().ok()?,
+                fields.next()?.parse().ok()?,
+            ))
+        })
+        .collect();
+    all.sort_by_key(|w| w.2);
+    all
+}
+
+/// Signals a candidate and everything it started (its process group, and each child's own
+/// group: `elect` runs its command in a group of its own).
+fn signal_whole(pid: u32, signal: Signal) {
+    let children =
+        std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+    let groups = std::iter::once(pid as i32)
+        .chain(children.split_whitespace().filter_map(|c| c.parse().ok()));
+    for group in groups {
+        let _ = nix::sys::signal::killpg(Pid::from_raw(group), signal);
+    }
+}
+
+/// Writes made by a deposed leader: after another candidate's start that came later than the
+/// writer's own latest start (a woken leader's, or a leader's that has not noticed yet), and how
+/// many of them a fenced store (a write is taken iff its token is at least the largest taken)
+/// accepted.
+#[derive(Default)]
+struct Stale {
+    made: usize,
+    accepted: usize,
+}
+
+fn stale_writes(all: &[Write], starts: &[(String, u128)]) -> Stale {
+    let deposed = |runner: &str, at: u128| {
+        let own = starts
+            .iter()
+            .filter(|(r, s)| r == runner && *s <= at)
+            .map(|s| s.1)
+            .max();
+        own.is_some_and(|own| {
+            starts
+                .iter()
+                .any(|(r, s)| r != runner && *s > own && *s < at)
+        })
+    };
+    let mut largest = 0;
+    let mut stale = Stale::default();
+    for (runner, token, at) in all {
+        let accepted = *token >= largest;
+        if accepted {
+            largest = *token;
+        }
+        if deposed(runner, *at) {
+            stale.made += 1;
+            stale.accepted += usize::from(accepted);
+        }
+    }
+    stale
+}
+
+/// One pause per trial: the leader and its work are stopped (SIGSTOP) for `pause`, longer
+/// than its lease, so that the other candidate takes over, then continued; once its work has
+/// stopped writing it is restarted as the next trial's standby. Then every deposed leader's
+/// writes of the whole run are judged.
+fn paused_leaders(
+    candidate: impl Fn(&Path, &str) -> Child,
+    pause: Duration,
+    trials: usize,
+) -> Stale {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut running: Vec<(String, Child)> = ["a", "b"]
+        .iter()
+        .map(|n| (n.to_string(), candidate(dir.path(), n)))
+        .collect();
+    assert!(wait_until(Duration::from_secs(20), || starts(dir.path())
+        .len()
+        == 1));
+    for _ in 0..trials {
+        let seen = starts(dir.path()).len();
+        let leader = starts(dir.path()).last().expect("a leader").0.clone();
+        let position = running.iter().position(|(n, _)| *n == leader);
+        let (name, mut child) = running.remove(position.expect("leader runs"));
+        signal_whole(child.id(), Signal::SIGSTOP);
+        std::thread::sleep(pause);
+        // Paused until a successor leads (client-go's may wait for a last retry period).
+        assert!(
+            wait_until(Duration::from_secs(60), || starts(dir.path()).len() > seen),
+            "no successor while {leader} was paused: {:?}\n{}",
+            starts(dir.path()),
+            logs(dir.path())
+        );
+        signal_whole(child.id(), Signal::SIGCONT);
+        // Restarted once its work has been quiet for a second: it noticed, or was stopped.
+        let quiet = || {
+            let last = writes(dir.path())
+                .iter()
+                .rev()
+                .find(|w| w.0 == leader)
+                .map(|w| w.2);
+            last.is_none_or(|at| now_nanos().saturating_sub(at) > 1_000_000_000)
+        };
+        std::thread::sleep(Duration::from_millis(200));
+        assert!(
+            wait_until(Duration::from_secs(60), quiet),
+            "the woken leader's work never stopped"
+        );
+        signal_whole(child.id(), Signal::SIGKILL);
+        let _ = child.wait();
+        running.push((name.clone(), candidate(dir.path(), &name)));
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    // Let a leader that has not noticed yet finish its term before judging.
+    std::thread::sleep(pause);
+    for (_, child) in &running {
+        signal_whole(child.id(), Signal::SIGKILL);
+    }
+    stale_writes(&writes(dir.path()), &starts(dir.path()))
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
@@ -203,25 +351,46 @@ fn main() {
     println!("|---|---|---|---|---|---|");
     let ours = |dir: &Path, name: &str| candidate(&nodes.urls(), dir, name, &ttl);
     let elect = format!("lockedjob elect --ttl {ttl}");
-    for (stop, signal) in [
+    let stops = [
         ("graceful (SIGTERM)", Signal::SIGTERM),
         ("crash (SIGKILL)", Signal::SIGKILL),
-    ] {
+    ];
+    for (stop, signal) in stops {
         report(&elect, stop, failovers(ours, signal, trials));
     }
     let peers = client_go::Peers::start();
-    for timing in [
+    let timings = [
         client_go::Timing::with_lease(lease),
         client_go::Timing::defaults(),
-    ] {
-        let theirs = |dir: &Path, name: &str| peers.candidate("bench", &timing, dir, name);
+    ];
+    for timing in &timings {
+        let theirs = |dir: &Path, name: &str| peers.candidate("bench", timing, dir, name);
         let who = format!("client-go {}", timing.describe());
-        for (stop, signal) in [
-            ("graceful (SIGTERM)", Signal::SIGTERM),
-            ("crash (SIGKILL)", Signal::SIGKILL),
-        ] {
+        for (stop, signal) in stops {
             report(&who, stop, failovers(theirs, signal, trials));
         }
+    }
+
+    let pauses: usize = std::env::var("BENCH_PAUSE_TRIALS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(if full { 5 } else { 1 });
+    println!();
+    println!("The leader and its work stopped (SIGSTOP) for its lease + 2 s, then continued; the work writes every 100 ms while it leads (client-go hands it no token: 0); a deposed leader's write is one made after another candidate started leading");
+    println!();
+    println!("| candidates | pauses | writes by a deposed leader | accepted by a fenced store |");
+    println!("|---|---|---|---|");
+    let margin = Duration::from_secs(2);
+    let stale = paused_leaders(ours, lease + margin, pauses);
+    println!(
+        "| {elect} | {pauses} | {} | {} |",
+        stale.made, stale.accepted
+    );
+    for timing in &timings {
+        let theirs = |dir: &Path, name: &str| peers.candidate("bench", timing, dir, name);
+        let stale = paused_leaders(theirs, timing.lease + margin, pauses);
+        let who = format!("client-go {}", timing.describe());
+        println!("| {who} | {pauses} | {} | {} |", stale.made, stale.accepted);
     }
     println!();
     sidecar_idle(&nodes, if full { IDLE_SECONDS } else { 1 });

@@ -3,8 +3,9 @@
 # cargo-machete (crates.io), redis-server and the real node's runc, CNI plugins, iptables and
 # busybox (Debian), kubernetes-validate (PyPI), and the real control plane and node (etcd,
 # kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, helm, kubelet, kube-proxy,
-# containerd, CoreDNS, crictl) and the lab's independent checker (tools/porcupine-check) built
-# from Go modules into a cache. The real node's tests need root.
+# containerd, CoreDNS, crictl), the lab's independent checker (tools/porcupine-check) and
+# client-go's leader election for the bench (tools/leaderelection-peer), built from Go modules
+# into a cache. The real node's tests need root.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -36,8 +37,13 @@ export PATH="$LOCKEDJOB_K8S_BIN:$PATH"
 # The lab's independent checker: porcupine with the models of tools/porcupine-check.
 LOCKEDJOB_PORCUPINE_CHECK="$(scripts/porcupine-check.sh | tail -n1)"
 export LOCKEDJOB_PORCUPINE_CHECK
-echo "== go vet and gofmt (tools/porcupine-check)"
-(cd tools/porcupine-check && GOTOOLCHAIN=local GOFLAGS=-mod=readonly go vet . && test -z "$(gofmt -l .)")
+# client-go's leader election, beside `lockedjob elect` in benches/elect.rs.
+LOCKEDJOB_LEADERELECTION_PEER="$(scripts/go-tool.sh leaderelection-peer | tail -n1)"
+export LOCKEDJOB_LEADERELECTION_PEER
+for tool in porcupine-check leaderelection-peer; do
+  echo "== go vet and gofmt (tools/$tool)"
+  (cd "tools/$tool" && GOTOOLCHAIN=local GOFLAGS=-mod=readonly go vet . && test -z "$(gofmt -l .)")
+done
 # ServiceMonitor and PrometheusRule CRDs for the chart's monitoring objects (tests/helm.rs).
 LOCKEDJOB_MONITORING_CRDS="$(scripts/monitoring-crds.sh | tail -n1)"
 export LOCKEDJOB_MONITORING_CRDS

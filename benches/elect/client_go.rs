@@ -6,6 +6,7 @@
 //! (`ReleaseOnCancel`).
 
 use localcluster::{LocalCluster, Options};
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -59,6 +60,16 @@ fn peer_binary() -> PathBuf {
     stdout.lines().last().expect("the peer's path").into()
 }
 
+/// `dir/IDENTITY.log`, appended to, for a candidate's stderr (the bench shows it on failure).
+pub fn log(dir: &Path, identity: &str) -> Stdio {
+    std::fs::File::options()
+        .create(true)
+        .append(true)
+        .open(dir.join(format!("{identity}.log")))
+        .map(Stdio::from)
+        .unwrap_or_else(|_| Stdio::null())
+}
+
 /// A control plane and the peer binary, for candidates that take a Lease in it.
 pub struct Peers {
     cluster: LocalCluster,
@@ -74,7 +85,8 @@ impl Peers {
     }
 
     /// A candidate for Lease `lease` that appends "IDENTITY NANOS" to `dir/starts` when it
-    /// starts leading.
+    /// starts leading and "IDENTITY 0 NANOS" to `dir/writes` every 100 ms while it leads;
+    /// its stderr goes to `dir/IDENTITY.log`.
     pub fn candidate(&self, lease: &str, timing: &Timing, dir: &Path, identity: &str) -> Child {
         Command::new(&self.binary)
             .arg("--kubeconfig")
@@ -85,8 +97,11 @@ impl Peers {
             .arg(format!("--retry-period={:?}", timing.retry_period))
             .arg("--starts")
             .arg(dir.join("starts"))
+            .arg("--writes")
+            .arg(dir.join("writes"))
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(log(dir, identity))
+            .process_group(0)
             .spawn()
             .expect("start leaderelection-peer")
     }
