@@ -80,6 +80,20 @@ fn now_nanos() -> u128 {
         .unwrap_or(0)
 }
 
+/// Candidates "a" and "b", once one of them leads.
+fn elected_pair(candidate: impl Fn(&Path, &str) -> Child, dir: &Path) -> Vec<(String, Child)> {
+    let running = ["a", "b"]
+        .iter()
+        .map(|n| (n.to_string(), candidate(dir, n)))
+        .collect();
+    assert!(
+        wait_until(Duration::from_secs(20), || starts(dir).len() == 1),
+        "no first leader:\n{}",
+        logs(dir)
+    );
+    running
+}
+
 /// One failover per trial: the leader gets `signal`, the time until the next start is measured;
 /// the stopped candidate is started again to be the next trial's standby. `candidate(dir, name)`
 /// starts a candidate that appends "NAME NANOS" to `dir/starts` when it starts leading.
@@ -89,14 +103,7 @@ fn failovers(
     trials: usize,
 ) -> Vec<Duration> {
     let dir = tempfile::tempdir().expect("tempdir");
-    let names = ["a", "b"];
-    let mut running: Vec<(String, Child)> = names
-        .iter()
-        .map(|n| (n.to_string(), candidate(dir.path(), n)))
-        .collect();
-    assert!(wait_until(Duration::from_secs(20), || starts(dir.path())
-        .len()
-        == 1));
+    let mut running = elected_pair(&candidate, dir.path());
     let mut took = Vec::new();
     for _ in 0..trials {
         let seen = starts(dir.path()).len();
@@ -220,13 +227,7 @@ fn paused_leaders(
     trials: usize,
 ) -> Stale {
     let dir = tempfile::tempdir().expect("tempdir");
-    let mut running: Vec<(String, Child)> = ["a", "b"]
-        .iter()
-        .map(|n| (n.to_string(), candidate(dir.path(), n)))
-        .collect();
-    assert!(wait_until(Duration::from_secs(20), || starts(dir.path())
-        .len()
-        == 1));
+    let mut running = elected_pair(&candidate, dir.path());
     for _ in 0..trials {
         let seen = starts(dir.path()).len();
         let leader = starts(dir.path()).last().expect("a leader").0.clone();
