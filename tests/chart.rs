@@ -653,6 +653,46 @@ fn helm_lint_and_template_with_default_and_every_ci_values_file() {
     }
 }
 
+/// The names of the cluster-scoped objects `helm template` renders for release `t` in `ns`.
+fn cluster_scoped_names(ns: &str) -> Vec<String> {
+    let out = helm()
+        .args(["template", "t", "--namespace", ns])
+        .arg(repo(CHART))
+        .output()
+        .expect("helm template");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let mut names = Vec::new();
+    for document in text.split("\n---\n") {
+        let object: Value = serde_saphyr::from_str(document).expect("a rendered object");
+        let kind = object["kind"].as_str().unwrap_or_default();
+        if kind.starts_with("Cluster") {
+            names.push(format!(
+                "{kind}/{}",
+                object["metadata"]["name"].as_str().unwrap_or_default()
+            ));
+        }
+    }
+    names
+}
+
+/// Two releases of one name in two namespaces: were a ClusterRole or its binding named after
+/// the release only, the later install would take it over and the other's operators would
+/// lose every right (seen on the real node before the names carried the namespace).
+#[test]
+fn releases_of_one_name_in_two_namespaces_share_no_cluster_wide_object() {
+    let first = cluster_scoped_names("team-a");
+    let second = cluster_scoped_names("team-b");
+    assert!(!first.is_empty(), "the default install is cluster-wide");
+    for name in &first {
+        assert!(!second.contains(name), "both releases render {name}");
+    }
+}
+
 #[test]
 fn dockerfile_builds_the_binary_into_a_non_root_image() {
     let dockerfile = read(&repo("Dockerfile"));

@@ -645,11 +645,14 @@ fn chart_at(commit: &str, dir: &Path) -> std::path::PathBuf {
     dir.join("charts/lockedjob-operator")
 }
 
-/// `helm install` or `helm upgrade` of `chart` as `RELEASE` in `ns`, waiting for it.
+/// `helm install` or `helm upgrade` of `chart` as `RELEASE` in `ns`, waiting for it. Its
+/// operators watch `ns` only: two installs that watch one namespace would both run its
+/// LockedJobs, each under its own lock nodes (the other test's `hello` here).
 fn helm_apply(cluster: &LocalCluster, verb: &str, chart: &Path, ns: &str) {
-    let delay = format!("redis.restartDelaySeconds={RESTART_DELAY_SECONDS}");
+    let values =
+        format!("redis.restartDelaySeconds={RESTART_DELAY_SECONDS},watchNamespaces={{{ns}}}");
     let chart = chart.to_str().expect("utf-8 path");
-    let args = [verb, RELEASE, chart, "--namespace", ns, "--set", &delay];
+    let args = [verb, RELEASE, chart, "--namespace", ns, "--set", &values];
     let wait = ["--wait", "--timeout", "5m"];
     tool(cluster, "helm", &[&args[..], &wait[..]].concat());
 }
@@ -674,9 +677,7 @@ async fn governing_services(client: &kube::Client, ns: &str) -> BTreeMap<String,
 /// Services beside, and the release keeps granting locks. Then the README's migration
 /// ("Upgrading from chart 0.1.0"): the StatefulSets deleted with `--cascade=orphan`, the chart
 /// upgraded again, each node restarted in turn; after it, every Redis pod answers at its own
-/// DNS name. The release shares its name with the other test's, in another namespace: each
-/// keeps its own cluster-wide RBAC (before the fix, the later install took over the binding and
-/// the other's operators never became Ready).
+/// DNS name. The release shares its name with the other test's, in another namespace.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_install_of_the_previous_chart_upgrades_and_migrates_to_headless_services() {
     let cluster = cluster().await;
