@@ -335,6 +335,16 @@ fn bad_input_names_what_to_fix() {
             "greater than zero",
         ),
         (
+            vec!["writer", "--sidecar", "--record-validity", "10ms"],
+            64,
+            "--record-validity must be at least 100ms",
+        ),
+        (
+            vec!["writer", "--record-validity", "2s", "--", "true"],
+            64,
+            "--sidecar",
+        ),
+        (
             vec!["writer", "--", "/nonexistent/command"],
             127,
             "cannot start",

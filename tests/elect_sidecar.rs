@@ -378,11 +378,21 @@ async fn a_leader_reported_terminated_by_the_kubelet_is_replaced_before_its_ttl(
     let logs = || election.logs();
     // The kubelet makes each container instance an empty termination message file.
     let message_file = |pod: &str| dir.join(format!("{pod}.termination-log"));
+    // Each pod's workload reads its own token file (an emptyDir of its pod).
+    let token_file = |pod: &str| dir.join(format!("{pod}.leader.json"));
     let mut reap = Reap(Vec::new());
     for pod in CANDIDATES {
         std::fs::write(message_file(pod), "").expect("termination-log");
         let file = message_file(pod).display().to_string();
-        let extra = ["--ttl", "30s", "--termination-message-path", file.as_str()];
+        let record = token_file(pod).display().to_string();
+        let extra = [
+            "--ttl",
+            "30s",
+            "--termination-message-path",
+            file.as_str(),
+            "--token-file",
+            record.as_str(),
+        ];
         let port = support::free_port();
         reap.0.push(election.sidecar(pod, port, &extra));
         let shown = if pod == "writer-a" {
@@ -456,6 +466,26 @@ async fn a_leader_reported_terminated_by_the_kubelet_is_replaced_before_its_ttl(
     );
     let b_value = stored().expect("b holds the lock");
     assert_ne!(b_value, value);
+    // a's workload could act until the last record its sidecar wrote expired (the file stays
+    // when the sidecar is killed). b writes its Lease's acquireTime before its first record,
+    // so its workload was told it leads only after that.
+    let text = std::fs::read_to_string(token_file("writer-a")).expect("a's token file");
+    let record: serde_json::Value = serde_json::from_str(&text).expect("a JSON record");
+    let a_until: jiff::Timestamp = record["validUntil"]
+        .as_str()
+        .and_then(|t| t.parse().ok())
+        .expect("validUntil");
+    let leases: Api<Lease> = Api::namespaced(client.clone(), &election.namespace);
+    let lease = leases.get(&lease_name("writer")).await.expect("the Lease");
+    let spec = lease.spec.expect("a Lease spec");
+    let holder = spec.holder_identity.unwrap_or_default();
+    assert!(holder.contains("writer-b"), "the Lease names {holder}");
+    let b_acquired: jiff::Timestamp = spec.acquire_time.expect("acquireTime").0;
+    assert!(
+        a_until <= b_acquired,
+        "b led from {b_acquired} while a's workload could still act until {a_until}:\n{}",
+        logs()
+    );
     delete_namespace(client, &election.namespace).await;
 }
 

@@ -15,11 +15,13 @@ mod support;
 
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Namespace, Pod, Secret, Service};
 use kube::api::{Api, DeleteParams, ListParams, LogParams, PostParams};
 use kube::ResourceExt;
 use localcluster::{LocalCluster, NodeKind, Options};
 use lockedjob::api::LockedJob;
+use lockedjob::cli::elect::lease_name;
 use serde_json::json;
 use std::collections::BTreeMap;
 use std::net::{SocketAddr, TcpStream};
@@ -580,6 +582,7 @@ async fn the_example_leader_fails_over_when_its_sidecar_dies(
     );
 
     let pid = support::sidecar_pid(&leader).expect("the leader's sidecar process");
+    let killed_at = jiff::Timestamp::now();
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(pid),
         nix::sys::signal::Signal::SIGKILL,
@@ -615,6 +618,42 @@ async fn the_example_leader_fails_over_when_its_sidecar_dies(
         "the lock went to {next} after {took:?}, not through the kubelet's report:\n{logs}"
     );
     eprintln!("leader {leader}'s sidecar killed: {next} holds the lock after {took:?} (TTL 15 s)");
+    next_leader_waited_for_the_dead_leaders_record(client, ns, (&leader, killed_at), &next, &logs)
+        .await;
+}
+
+/// The killed sidecar's workload could act on its last record until that record expired, at
+/// most the default `--record-validity` (1 s) after the kill. The next leader writes its
+/// Lease's acquireTime before its own record, so that time must come later. (When the killed
+/// pod's restarted sidecar wins, the Lease keeps its first acquireTime: nothing to compare.)
+async fn next_leader_waited_for_the_dead_leaders_record(
+    client: &kube::Client,
+    ns: &str,
+    (leader, killed_at): (&str, jiff::Timestamp),
+    next_value: &str,
+    logs: &str,
+) {
+    let next_holder = next_value.rsplit_once('/').map_or(next_value, |(h, _)| h);
+    if next_holder.ends_with(&format!("/{leader}")) {
+        eprintln!("{leader}'s restarted sidecar leads again: no new acquireTime to compare");
+        return;
+    }
+    let leases = Api::<Lease>::namespaced(client.clone(), ns);
+    let acquired = poll(|| async {
+        let spec = leases
+            .get_opt(&lease_name("demo-writer"))
+            .await
+            .ok()??
+            .spec?;
+        (spec.holder_identity.as_deref() == Some(next_holder)).then_some(spec.acquire_time?.0)
+    })
+    .await
+    .expect("the Lease names the next leader");
+    let record_expired = killed_at + jiff::SignedDuration::from_secs(1);
+    assert!(
+        acquired >= record_expired,
+        "{next_holder} led from {acquired}, before {leader}'s workload record expired ({record_expired} at the latest, 1 s after the kill at {killed_at}):\n{logs}"
+    );
 }
 
 /// The last chart whose StatefulSets were governed by their ClusterIP Services (chart 0.1.0).

@@ -36,6 +36,14 @@ pub struct ElectArgs {
     /// atomically; it is removed as soon as leadership is lost, before the command is stopped.
     #[arg(long, env = "LOCKEDJOB_TOKEN_FILE")]
     pub token_file: Option<PathBuf>,
+    /// How far ahead of its writing each leader record (the token file, `/leader`) of a sidecar
+    /// is valid; the sidecar rewrites it four times as often while it leads. A workload that
+    /// checks `validUntil` stops acting at most this long after its sidecar died, and a
+    /// candidate that learns of that death from the kubelet waits this long before it takes
+    /// over. Longer rides out a starved sidecar without gaps in the work; shorter fails over
+    /// sooner. [default: 1s]
+    #[arg(long, env = "LOCKEDJOB_RECORD_VALIDITY", value_parser = parse_duration)]
+    pub record_validity: Option<Duration>,
     /// Run no command: hold leadership for this pod and show it (the token file; with
     /// --pod-namespace, the pod's `lockedjob.dev/leader` condition and label and a mirror
     /// Lease). Run as a native sidecar (an init container with `restartPolicy: Always`).
@@ -73,6 +81,16 @@ pub struct ElectArgs {
     #[arg(last = true, required_unless_present_any = ["observe", "sidecar"], num_args = 1..)]
     pub command: Vec<String>,
 }
+
+impl ElectArgs {
+    /// `--record-validity`, or its default.
+    pub fn record_validity(&self) -> Duration {
+        self.record_validity.unwrap_or(DEFAULT_RECORD_VALIDITY)
+    }
+}
+
+/// How far ahead a sidecar's leader record reaches unless told otherwise.
+pub const DEFAULT_RECORD_VALIDITY: Duration = Duration::from_secs(1);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum ObserveOutput {

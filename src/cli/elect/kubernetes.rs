@@ -5,7 +5,7 @@
 //! leads. These are mirrors: the Redis lock stays the authority, and the workload checks its
 //! token, not the label.
 
-use super::ended::ended_holders;
+use super::ended::{ended_holders, HeldValue};
 use futures::StreamExt;
 use k8s_openapi::api::authorization::v1::SelfSubjectAccessReview;
 use k8s_openapi::api::coordination::v1::Lease as KubeLease;
@@ -311,9 +311,9 @@ impl EndedLeaders {
         self.changed.notified().await
     }
 
-    /// `(pod, lock value)` of every container instance of the election's pods that the kubelet
-    /// reports terminated while it held the lock.
-    pub fn values(&self) -> Vec<(String, String)> {
+    /// `(pod, what it held)` of every container instance of the election's pods that the
+    /// kubelet reports terminated while it held the lock.
+    pub fn values(&self) -> Vec<(String, HeldValue)> {
         self.store
             .state()
             .iter()
@@ -321,7 +321,7 @@ impl EndedLeaders {
             .flat_map(|(name, status)| {
                 ended_holders(status, &self.lock)
                     .into_iter()
-                    .map(move |value| (name.clone(), value))
+                    .map(move |held| (name.clone(), held))
             })
             .collect()
     }

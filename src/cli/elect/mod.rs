@@ -32,13 +32,12 @@ use crate::cli::exec::{next_deadline, LeaseEvent, Ran, Work};
 use crate::cli::exit;
 use crate::http::Reply;
 use crate::metrics::Metrics;
-use crate::redlock::{Lease, LeaseTiming, LockError, Redlock, Watchdog};
-use ended::TerminationMessage;
+use crate::redlock::{Lease, LeaseStatus, LeaseTiming, LockError, Redlock, Watchdog};
+use ended::{DeadHolders, TerminationMessage};
 use jiff::Timestamp;
 use kubernetes::{EndedLeaders, PodMirror};
 use metrics::ElectionMetrics;
 use preference::Preference;
-use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use token_file::TokenFile;
@@ -46,6 +45,9 @@ use tokio::signal::unix::SignalKind;
 use tokio::sync::watch;
 use tokio_util::task::AbortOnDropHandle;
 use tracing::Instrument;
+
+/// Below this a sidecar's record would be rewritten more often than is sensible.
+const MIN_RECORD_VALIDITY: Duration = Duration::from_millis(100);
 
 /// Runs `elect` and returns the process exit code.
 pub async fn run(args: ElectArgs) -> i32 {
@@ -63,6 +65,19 @@ pub async fn run(args: ElectArgs) -> i32 {
             eprintln!("lockedjob elect: {e}");
             return exit::USAGE;
         }
+    }
+    // Checked here: clap counts a flag's implicit `false` as present for `requires`.
+    if args.record_validity.is_some() && !args.sidecar {
+        eprintln!("lockedjob elect: --record-validity applies to --sidecar only (a command's record lasts as long as its lease)");
+        return exit::USAGE;
+    }
+    if args.record_validity() < MIN_RECORD_VALIDITY {
+        eprintln!(
+            "lockedjob elect: --record-validity must be at least {} (the sidecar rewrites the record every quarter of it), got {}",
+            humantime::format_duration(MIN_RECORD_VALIDITY),
+            humantime::format_duration(args.record_validity())
+        );
+        return exit::USAGE;
     }
     if args.retry_interval.is_zero() || args.poll_interval.is_zero() {
         eprintln!(
@@ -163,6 +178,7 @@ async fn run_sidecar(
         candidate,
         token_file,
         termination: TerminationMessage::new(&args.termination_message_path),
+        record_validity: args.record_validity(),
         mirror,
         ended,
         shown,
@@ -275,6 +291,8 @@ struct Sidecar {
     token_file: Option<TokenFile>,
     /// Names the lock value while leading, for the kubelet to report if the container dies.
     termination: TerminationMessage,
+    /// How far ahead each leader record reaches (`--record-validity`).
+    record_validity: Duration,
     mirror: Option<PodMirror>,
     /// The election's pods whose leader's container ended (with the pod mirror only).
     ended: Option<EndedLeaders>,
@@ -329,7 +347,13 @@ impl Sidecar {
         self.termination.hold(&HeldValue {
             lock: lease.name().to_string(),
             value: lease.value().to_string(),
+            record_validity_ms: Some(self.record_validity.as_millis() as u64),
         });
+        let mut refresh = tokio::time::interval_at(
+            tokio::time::Instant::now() + self.record_validity / 4,
+            self.record_validity / 4,
+        );
+        refresh.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let lost = watchdog.lost();
         let mut deadlines = watchdog.subscribe();
         let mut shown = watchdog.status();
@@ -343,6 +367,7 @@ impl Sidecar {
                 _ = lost.cancelled() => break Held::Lost,
                 _ = signals.next() => break Held::Stopped,
                 () = &mut step_down => break Held::HandedOver,
+                _ = refresh.tick() => self.refresh_record(&lease, &shown),
                 Some(status) = next_deadline(&mut deadlines, shown.deadline) => {
                     shown = status;
                     marked = self.show(&lease, LeaseEvent::Held(status), !marked).await || marked;
@@ -370,10 +395,11 @@ impl Sidecar {
         let ttl_seconds = i32::try_from(timing.ttl.as_secs().max(1)).unwrap_or(i32::MAX);
         let bound = api_bound(timing, &event);
         // The endpoint is in this process: it changes at once, before the API calls.
-        self.shown.send_replace(match event {
-            LeaseEvent::Held(status) => Some(token_file::leader_record(lease, timing, &status)),
+        let record = match event {
+            LeaseEvent::Held(status) => Some(self.record(lease, &status)),
             LeaseEvent::Lost => None,
-        });
+        };
+        self.shown.send_replace(record.clone());
         let mut updated = true;
         if let Some(mirror) = &self.mirror {
             let update = async {
@@ -398,9 +424,36 @@ impl Sidecar {
             };
         }
         if let Some(file) = &self.token_file {
-            file.follow(lease, timing, event);
+            match &record {
+                Some(record) => file.write(record),
+                None => file.remove(),
+            }
         }
         updated
+    }
+
+    /// The leader record for `status`, valid for `record_validity` at most: if this container
+    /// dies, its workload stops acting that soon, and a successor told so by the kubelet waits
+    /// just that long (`ended.rs`).
+    fn record(&self, lease: &Lease, status: &LeaseStatus) -> LeaderRecord {
+        let record = token_file::leader_record(lease, &self.candidate.timing, status);
+        let reach = jiff::SignedDuration::try_from(self.record_validity).unwrap_or_default();
+        let capped = Timestamp::now()
+            .checked_add(reach)
+            .unwrap_or(Timestamp::MAX);
+        LeaderRecord {
+            valid_until: record.valid_until.min(capped),
+            ..record
+        }
+    }
+
+    /// Rewrites the record between renewals, so it stays valid while this sidecar lives.
+    fn refresh_record(&self, lease: &Lease, status: &LeaseStatus) {
+        let record = self.record(lease, status);
+        if let Some(file) = &self.token_file {
+            file.write(&record);
+        }
+        self.shown.send_replace(Some(record));
     }
 }
 
@@ -472,7 +525,7 @@ async fn campaign(
     let mut asking = preference.campaign();
     let request_ttl = (retry_interval * 4).max(Duration::from_secs(1));
     let mut last_refusal = None;
-    let mut released = HashSet::new();
+    let mut dead = DeadHolders::default();
     // Since when the attempts found no leader; counted when one is found (or this one wins).
     let mut leaderless_since: Option<Instant> = None;
     let mut leader_seen = |seen: bool| match (seen, leaderless_since) {
@@ -509,7 +562,7 @@ async fn campaign(
                 asking.after_attempt(&e, lock, request_ttl).await;
                 let freed = match ended {
                     Some(ended) if e.is_contended() => {
-                        release_ended(engine, lock, ended, &mut released).await
+                        release_ended(engine, lock, ended, &mut dead).await
                     }
                     _ => false,
                 };
@@ -518,7 +571,12 @@ async fn campaign(
                 }
             }
         }
-        let pause = tokio::time::sleep(retry_interval.mul_f64(0.8 + 0.4 * rand::random::<f64>()));
+        let mut pause = retry_interval.mul_f64(0.8 + 0.4 * rand::random::<f64>());
+        // A dead holder coming due ends the pause: its workload's record has just expired.
+        if let Some(due) = dead.next_due() {
+            pause = pause.min(due.saturating_duration_since(Instant::now()));
+        }
+        let pause = tokio::time::sleep(pause);
         match ended {
             // A change on an election pod (the leader stepping down, or reported gone) is
             // the moment to try again, not the end of the pause.
@@ -532,18 +590,18 @@ async fn campaign(
 }
 
 /// Deletes the lock values of leaders whose container the kubelet reports terminated, each
-/// once (`released` remembers them). True when a node deleted one: the lock may be free now.
+/// once, and only after the workload beside it can no longer act on its last leader record
+/// (`dead` remembers when each was first seen). True when a node deleted one: the lock may be
+/// free now.
 async fn release_ended(
     engine: &Redlock,
     lock: &str,
     ended: &EndedLeaders,
-    released: &mut HashSet<String>,
+    dead: &mut DeadHolders,
 ) -> bool {
     let mut freed = false;
-    for (pod, value) in ended.values() {
-        if !released.insert(value.clone()) {
-            continue;
-        }
+    let drift_factor = engine.config().drift_factor;
+    for (pod, value) in dead.due(ended.values(), Instant::now(), drift_factor) {
         let nodes = engine.release_dead_holder(lock, &value).await;
         if nodes > 0 {
             tracing::info!(%pod, nodes, "the leader's container has terminated (the kubelet reports it): its lock value deleted, taking over without waiting for the TTL");

@@ -26,7 +26,7 @@ pub struct LeaderRecord {
 
 impl TokenFile {
     /// Checks that the file can be written where asked, so a bad path fails at start-up and
-    /// not on the first election.
+    /// not on the first election, and removes a record left there.
     pub(super) fn new(path: &Path) -> Result<Self, String> {
         let dir = parent_dir(path);
         tempfile::NamedTempFile::new_in(dir).map_err(|e| {
@@ -36,9 +36,12 @@ impl TokenFile {
                 dir.display()
             )
         })?;
-        Ok(Self {
+        let file = Self {
             path: path.to_path_buf(),
-        })
+        };
+        // A record left by an instance killed while it led: this one does not lead yet.
+        file.remove();
+        Ok(file)
     }
 
     pub(super) fn follow(&self, lease: &Lease, timing: &LeaseTiming, event: LeaseEvent) {
