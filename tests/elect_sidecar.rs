@@ -21,7 +21,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 use support::http_get as get;
 use support::kubernetes::{
-    client_for, create_namespace, delete_namespace, eventually, local_cluster,
+    apply_chart_rbac, client_for, create_namespace, delete_namespace, eventually, local_cluster,
 };
 use support::{lockedjob_bin, NodeChecks, Persistence, Reap, RedisNodes, SetChecks};
 
@@ -54,39 +54,6 @@ fn kubeconfig_of(
     )
     .expect("kubeconfig");
     path
-}
-
-/// The chart's leader-election RBAC for `namespace`, rendered by helm and applied.
-fn apply_chart_rbac(local: &localcluster::LocalCluster, namespace: &str, dir: &Path) {
-    let chart = concat!(env!("CARGO_MANIFEST_DIR"), "/charts/lockedjob-operator");
-    let rendered = local
-        .tool("helm")
-        .args(["template", "locks", chart, "--namespace", "lockedjob"])
-        .args([
-            "--set",
-            &format!("leaderElection.namespaces={{{namespace}}}"),
-        ])
-        .args(["--show-only", "templates/leader-election-rbac.yaml"])
-        .output()
-        .expect("helm template");
-    assert!(
-        rendered.status.success(),
-        "{}",
-        String::from_utf8_lossy(&rendered.stderr)
-    );
-    let file = dir.join("rbac.yaml");
-    std::fs::write(&file, &rendered.stdout).expect("rbac.yaml");
-    let applied = local
-        .tool("kubectl")
-        .args(["apply", "-f"])
-        .arg(&file)
-        .output()
-        .expect("kubectl apply");
-    assert!(
-        applied.status.success(),
-        "{}",
-        String::from_utf8_lossy(&applied.stderr)
-    );
 }
 
 /// A sidecar with `extra` arguments (the TTL among them).

@@ -433,6 +433,12 @@ impl LocalCluster {
         format!("https://{}", self.apiserver_addr())
     }
 
+    /// The API server's address: 127.0.0.1, or with real nodes the host's end of their link,
+    /// which pods reach (and where a test serves what its pods must reach on the host).
+    pub fn host_ip(&self) -> Ipv4Addr {
+        self.apiserver_ip
+    }
+
     pub fn apiserver_addr(&self) -> String {
         format!("{}:{}", self.apiserver_ip, self.apiserver_port)
     }

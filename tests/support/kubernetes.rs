@@ -103,3 +103,36 @@ where
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
 }
+
+/// The chart's leader-election RBAC for `namespace`, rendered by helm and applied.
+pub fn apply_chart_rbac(local: &LocalCluster, namespace: &str, dir: &Path) {
+    let chart = concat!(env!("CARGO_MANIFEST_DIR"), "/charts/lockedjob-operator");
+    let rendered = local
+        .tool("helm")
+        .args(["template", "locks", chart, "--namespace", "lockedjob"])
+        .args([
+            "--set",
+            &format!("leaderElection.namespaces={{{namespace}}}"),
+        ])
+        .args(["--show-only", "templates/leader-election-rbac.yaml"])
+        .output()
+        .expect("helm template");
+    assert!(
+        rendered.status.success(),
+        "{}",
+        String::from_utf8_lossy(&rendered.stderr)
+    );
+    let file = dir.join("rbac.yaml");
+    std::fs::write(&file, &rendered.stdout).expect("rbac.yaml");
+    let applied = local
+        .tool("kubectl")
+        .args(["apply", "-f"])
+        .arg(&file)
+        .output()
+        .expect("kubectl apply");
+    assert!(
+        applied.status.success(),
+        "{}",
+        String::from_utf8_lossy(&applied.stderr)
+    );
+}

@@ -47,6 +47,8 @@ pub enum MirrorError {
     },
     #[error("no Kubernetes client (in-cluster configuration or KUBECONFIG): {0}")]
     Client(String),
+    #[error("the previous leader's pod {pods:?} is still Ready (its kubelet has not yet seen it stop leading); this pod is marked once it is not, so a Service never lists both")]
+    PreviousLeaderReady { pods: Vec<String> },
 }
 
 /// The pod this sidecar runs in, and the Lease that mirrors the election.
@@ -143,16 +145,25 @@ impl PodMirror {
         self.set_marks(&self.pod, false).await
     }
 
-    /// This pod leads: other pods of this election lose their marks first (a leader whose
-    /// sidecar died without stepping down), then this pod gets the label and the condition,
-    /// then the Lease names `holder`.
-    pub async fn leading(&self, holder: &str, ttl_seconds: i32) -> Result<(), MirrorError> {
+    pub fn pod(&self) -> &str {
+        &self.pod
+    }
+
+    /// Before this pod leads: other pods of this election lose their marks (a leader whose
+    /// sidecar died without stepping down).
+    pub async fn clear_other_leaders(&self) -> Result<(), MirrorError> {
         for stale in self.other_marked_pods().await? {
             tracing::info!(pod = %stale, "clearing the leader marks of a pod that no longer leads");
             self.set_condition(&stale, "False", "AnotherPodLeads")
                 .await?;
             self.set_marks(&stale, false).await?;
         }
+        Ok(())
+    }
+
+    /// This pod leads (after [`PodMirror::clear_other_leaders`]): it gets the label and the
+    /// condition, then the Lease names `holder`.
+    pub async fn leading(&self, holder: &str, ttl_seconds: i32) -> Result<(), MirrorError> {
         self.set_marks(&self.pod, true).await?;
         self.set_condition(&self.pod, "True", "Elected").await?;
         self.mirror_lease(holder, ttl_seconds).await
@@ -309,6 +320,44 @@ impl EndedLeaders {
     /// Returns once an election pod has changed since the last call (at once if one did).
     pub async fn changed(&self) {
         self.changed.notified().await
+    }
+
+    /// Other pods of the election that the API shows Ready: a previous leader whose kubelet
+    /// has not yet acted on its cleared condition (a standby is never Ready: its readiness
+    /// gate is False).
+    pub fn ready_others(&self, pod: &str) -> Vec<String> {
+        self.store
+            .state()
+            .iter()
+            .filter(|other| other.metadata.name.as_deref() != Some(pod))
+            .filter(|other| {
+                let conditions = other.status.as_ref().and_then(|s| s.conditions.as_ref());
+                conditions
+                    .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+            })
+            .filter_map(|other| other.metadata.name.clone())
+            .collect()
+    }
+
+    /// Returns once no other pod of the election is Ready, or fails after `bound` naming them.
+    pub async fn until_no_other_ready(
+        &self,
+        pod: &str,
+        bound: std::time::Duration,
+    ) -> Result<(), MirrorError> {
+        let deadline = tokio::time::Instant::now() + bound;
+        loop {
+            let ready = self.ready_others(pod);
+            if ready.is_empty() {
+                return Ok(());
+            }
+            if tokio::time::timeout_at(deadline, self.changed())
+                .await
+                .is_err()
+            {
+                return Err(MirrorError::PreviousLeaderReady { pods: ready });
+            }
+        }
     }
 
     /// `(pod, what it held)` of every container instance of the election's pods that the

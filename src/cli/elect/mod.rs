@@ -32,15 +32,15 @@ use crate::cli::exec::{next_deadline, LeaseEvent, Ran, Work};
 use crate::cli::exit;
 use crate::http::Reply;
 use crate::metrics::Metrics;
-use crate::redlock::{Lease, LeaseStatus, LeaseTiming, LockError, Redlock, Watchdog};
+use crate::redlock::{Lease, LeaseTiming, LockError, Redlock, Watchdog};
 use ended::{DeadHolders, TerminationMessage};
 use jiff::Timestamp;
-use kubernetes::{EndedLeaders, PodMirror};
+use kubernetes::{EndedLeaders, MirrorError, PodMirror};
 use metrics::ElectionMetrics;
 use preference::Preference;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use token_file::TokenFile;
+use token_file::{LiveRecord, TokenFile};
 use tokio::signal::unix::SignalKind;
 use tokio::sync::watch;
 use tokio_util::task::AbortOnDropHandle;
@@ -176,12 +176,10 @@ async fn run_sidecar(
     };
     let sidecar = Sidecar {
         candidate,
-        token_file,
+        record: LiveRecord::new(token_file, shown, args.record_validity()),
         termination: TerminationMessage::new(&args.termination_message_path),
-        record_validity: args.record_validity(),
         mirror,
         ended,
-        shown,
     };
     sidecar.run(args).await
 }
@@ -288,16 +286,13 @@ async fn lead_while_elected(
 /// `--sidecar`: leadership held for the pod, with no command of its own.
 struct Sidecar {
     candidate: Candidate,
-    token_file: Option<TokenFile>,
+    /// The token file and what `GET /leader` answers.
+    record: Arc<LiveRecord>,
     /// Names the lock value while leading, for the kubelet to report if the container dies.
     termination: TerminationMessage,
-    /// How far ahead each leader record reaches (`--record-validity`).
-    record_validity: Duration,
     mirror: Option<PodMirror>,
-    /// The election's pods whose leader's container ended (with the pod mirror only).
+    /// The election's pods, watched (with the pod mirror only).
     ended: Option<EndedLeaders>,
-    /// What `GET /leader` answers: the record while leading.
-    shown: watch::Sender<Option<LeaderRecord>>,
 }
 
 /// How long one update of the pod or the Lease may take. While the lease is held (just won or
@@ -347,19 +342,17 @@ impl Sidecar {
         self.termination.hold(&HeldValue {
             lock: lease.name().to_string(),
             value: lease.value().to_string(),
-            record_validity_ms: Some(self.record_validity.as_millis() as u64),
+            record_validity_ms: Some(self.record.validity().as_millis() as u64),
         });
-        let mut refresh = tokio::time::interval_at(
-            tokio::time::Instant::now() + self.record_validity / 4,
-            self.record_validity / 4,
-        );
-        refresh.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let lost = watchdog.lost();
         let mut deadlines = watchdog.subscribe();
         let mut shown = watchdog.status();
         election.elected(lease.token());
         // The pod's marks, once set; until then every renewal tries them again.
         let mut marked = self.show(&lease, LeaseEvent::Held(shown), true).await;
+        let fresh = self
+            .record
+            .keep_fresh(lease.clone(), *timing, watchdog.subscribe());
         let step_down = preference.handover_requested(engine, lock, timing.renew_interval);
         tokio::pin!(step_down);
         let held = loop {
@@ -367,7 +360,6 @@ impl Sidecar {
                 _ = lost.cancelled() => break Held::Lost,
                 _ = signals.next() => break Held::Stopped,
                 () = &mut step_down => break Held::HandedOver,
-                _ = refresh.tick() => self.refresh_record(&lease, &shown),
                 Some(status) = next_deadline(&mut deadlines, shown.deadline) => {
                     shown = status;
                     marked = self.show(&lease, LeaseEvent::Held(status), !marked).await || marked;
@@ -375,6 +367,7 @@ impl Sidecar {
             }
         };
         election.stepped_down(held == Held::Lost, held == Held::HandedOver);
+        fresh.stop().await;
         self.show(&lease, LeaseEvent::Lost, false).await;
         self.termination.clear();
         watchdog.release(engine).await;
@@ -387,73 +380,64 @@ impl Sidecar {
         held
     }
 
-    /// Shows the lease to the pod and the workload: on election and renewal the token file
-    /// and the mirrors (with `mark_pod`, the pod's label and condition too); on the way out the
-    /// pod's marks first, then the token file. True when the API server took the update.
+    /// Shows the lease to the pod: on election and renewal the mirrors (with `mark_pod`, the
+    /// pod's label and condition too); on the way out `/leader` at once, the pod's marks, then
+    /// the token file. The record itself is kept fresh apart ([`LiveRecord::keep_fresh`]).
+    /// True when the API server took the update.
     async fn show(&self, lease: &Lease, event: LeaseEvent, mark_pod: bool) -> bool {
-        let timing = &self.candidate.timing;
-        let ttl_seconds = i32::try_from(timing.ttl.as_secs().max(1)).unwrap_or(i32::MAX);
-        let bound = api_bound(timing, &event);
-        // The endpoint is in this process: it changes at once, before the API calls.
-        let record = match event {
-            LeaseEvent::Held(status) => Some(self.record(lease, &status)),
-            LeaseEvent::Lost => None,
-        };
-        self.shown.send_replace(record.clone());
-        let mut updated = true;
-        if let Some(mirror) = &self.mirror {
-            let update = async {
-                match event {
-                    LeaseEvent::Held(_) if mark_pod => {
-                        mirror.leading(lease.holder(), ttl_seconds).await
-                    }
-                    LeaseEvent::Held(_) => mirror.renewed(lease.holder(), ttl_seconds).await,
-                    LeaseEvent::Lost => mirror.not_leading("SteppedDown").await,
-                }
-            };
-            updated = match tokio::time::timeout(bound, update).await {
-                Ok(Ok(())) => true,
-                Ok(Err(e)) => {
-                    tracing::error!(error = %e, "cannot update the pod or the Lease");
-                    false
-                }
-                Err(_) => {
-                    tracing::error!(bound_ms = bound.as_millis() as u64, "the API server did not answer in time; the pod or the Lease may show an old state");
-                    false
-                }
-            };
+        if let LeaseEvent::Lost = event {
+            self.record.withdraw_endpoint();
         }
-        if let Some(file) = &self.token_file {
-            match &record {
-                Some(record) => file.write(record),
-                None => file.remove(),
-            }
+        let updated = match &self.mirror {
+            Some(mirror) => self.update_mirror(mirror, lease, &event, mark_pod).await,
+            None => true,
+        };
+        if let LeaseEvent::Lost = event {
+            self.record.remove_file();
         }
         updated
     }
 
-    /// The leader record for `status`, valid for `record_validity` at most: if this container
-    /// dies, its workload stops acting that soon, and a successor told so by the kubelet waits
-    /// just that long (`ended.rs`).
-    fn record(&self, lease: &Lease, status: &LeaseStatus) -> LeaderRecord {
-        let record = token_file::leader_record(lease, &self.candidate.timing, status);
-        let reach = jiff::SignedDuration::try_from(self.record_validity).unwrap_or_default();
-        let capped = Timestamp::now()
-            .checked_add(reach)
-            .unwrap_or(Timestamp::MAX);
-        LeaderRecord {
-            valid_until: record.valid_until.min(capped),
-            ..record
+    /// One bounded update of the pod's marks and the Lease. Before this pod is marked, the
+    /// previous leader's pod must have stopped being Ready, so a Service never lists both.
+    async fn update_mirror(
+        &self,
+        mirror: &PodMirror,
+        lease: &Lease,
+        event: &LeaseEvent,
+        mark_pod: bool,
+    ) -> bool {
+        let timing = &self.candidate.timing;
+        let ttl_seconds = i32::try_from(timing.ttl.as_secs().max(1)).unwrap_or(i32::MAX);
+        let bound = api_bound(timing, event);
+        let update = async {
+            match event {
+                LeaseEvent::Held(_) if mark_pod => {
+                    mirror.clear_other_leaders().await?;
+                    if let Some(pods) = &self.ended {
+                        pods.until_no_other_ready(mirror.pod(), bound / 2).await?;
+                    }
+                    mirror.leading(lease.holder(), ttl_seconds).await
+                }
+                LeaseEvent::Held(_) => mirror.renewed(lease.holder(), ttl_seconds).await,
+                LeaseEvent::Lost => mirror.not_leading("SteppedDown").await,
+            }
+        };
+        match tokio::time::timeout(bound, update).await {
+            Ok(Ok(())) => true,
+            Ok(Err(e @ MirrorError::PreviousLeaderReady { .. })) => {
+                tracing::info!(error = %e, "not marking this pod yet");
+                false
+            }
+            Ok(Err(e)) => {
+                tracing::error!(error = %e, "cannot update the pod or the Lease");
+                false
+            }
+            Err(_) => {
+                tracing::error!(bound_ms = bound.as_millis() as u64, "the API server did not answer in time; the pod or the Lease may show an old state");
+                false
+            }
         }
-    }
-
-    /// Rewrites the record between renewals, so it stays valid while this sidecar lives.
-    fn refresh_record(&self, lease: &Lease, status: &LeaseStatus) {
-        let record = self.record(lease, status);
-        if let Some(file) = &self.token_file {
-            file.write(&record);
-        }
-        self.shown.send_replace(Some(record));
     }
 }
 

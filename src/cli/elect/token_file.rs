@@ -6,7 +6,10 @@ use crate::redlock::{Lease, LeaseStatus, LeaseTiming};
 use jiff::Timestamp;
 use serde::Serialize;
 use std::path::{Path, PathBuf};
-use std::time::Instant;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 
 /// The leader's token file: what a workload reads to learn that it leads and with which token.
 pub(super) struct TokenFile {
@@ -104,5 +107,104 @@ pub(super) fn leader_record(
         holder: lease.holder().to_string(),
         token: lease.token(),
         valid_until,
+    }
+}
+
+/// A sidecar's leader record while it leads: in the token file and at `/leader`, valid for
+/// `--record-validity` at most and rewritten every quarter of that by a task of its own, so
+/// that slow API calls cannot let it lapse. If the sidecar dies, its workload stops acting
+/// that soon, and a successor told so by the kubelet waits just that long (`ended.rs`).
+pub(super) struct LiveRecord {
+    file: Option<TokenFile>,
+    endpoint: watch::Sender<Option<LeaderRecord>>,
+    validity: Duration,
+}
+
+impl LiveRecord {
+    pub(super) fn new(
+        file: Option<TokenFile>,
+        endpoint: watch::Sender<Option<LeaderRecord>>,
+        validity: Duration,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            file,
+            endpoint,
+            validity,
+        })
+    }
+
+    pub(super) fn validity(&self) -> Duration {
+        self.validity
+    }
+
+    /// Writes the record of `lease` now and keeps it fresh from the watchdog's `statuses`
+    /// until [`Freshness::stop`].
+    pub(super) fn keep_fresh(
+        self: &Arc<Self>,
+        lease: Lease,
+        timing: LeaseTiming,
+        statuses: watch::Receiver<LeaseStatus>,
+    ) -> Freshness {
+        let stop = CancellationToken::new();
+        let (record, stopped) = (Arc::clone(self), stop.clone());
+        let task = tokio::spawn(async move {
+            let mut ticks = tokio::time::interval(record.validity / 4);
+            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    () = stopped.cancelled() => return,
+                    _ = ticks.tick() => record.write(&lease, &timing, &statuses.borrow()),
+                }
+            }
+        });
+        Freshness { stop, task }
+    }
+
+    fn write(&self, lease: &Lease, timing: &LeaseTiming, status: &LeaseStatus) {
+        let record = leader_record(lease, timing, status);
+        let reach = jiff::SignedDuration::try_from(self.validity).unwrap_or_default();
+        let capped = Timestamp::now()
+            .checked_add(reach)
+            .unwrap_or(Timestamp::MAX);
+        let record = LeaderRecord {
+            valid_until: record.valid_until.min(capped),
+            ..record
+        };
+        if let Some(file) = &self.file {
+            file.write(&record);
+        }
+        self.endpoint.send_replace(Some(record));
+    }
+
+    /// Leadership ends: `/leader` answers 503 at once (the file goes later, after the pod's
+    /// marks: [`LiveRecord::remove_file`]).
+    pub(super) fn withdraw_endpoint(&self) {
+        self.endpoint.send_replace(None);
+    }
+
+    pub(super) fn remove_file(&self) {
+        if let Some(file) = &self.file {
+            file.remove();
+        }
+    }
+}
+
+/// The task keeping a record fresh. Dropped, it is aborted; [`Freshness::stop`] also waits
+/// for a write in progress, so that nothing is written after it returns.
+pub(super) struct Freshness {
+    stop: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Freshness {
+    pub(super) async fn stop(mut self) {
+        self.stop.cancel();
+        let _ = (&mut self.task).await;
+    }
+}
+
+impl Drop for Freshness {
+    fn drop(&mut self) {
+        self.task.abort();
     }
 }

@@ -33,13 +33,19 @@ pub struct FaultProxy {
 impl FaultProxy {
     /// Starts a proxy on a free loopback port that forwards to `target` (a `host:port`).
     pub fn start(target: &str) -> Result<Self, HarnessError> {
+        Self::start_on(std::net::Ipv4Addr::LOCALHOST.into(), target)
+    }
+
+    /// Starts a proxy on a free port of `listen` (an address of this host, e.g. the host's end
+    /// of a test network's link, so that pods reach a loopback node) that forwards to `target`.
+    pub fn start_on(listen: std::net::IpAddr, target: &str) -> Result<Self, HarnessError> {
         let target: SocketAddr = target.parse().map_err(|_| {
             HarnessError::Io(
                 "parse the proxy target",
                 std::io::Error::new(std::io::ErrorKind::InvalidInput, target.to_string()),
             )
         })?;
-        let listener = std::net::TcpListener::bind("127.0.0.1:0")
+        let listener = std::net::TcpListener::bind((listen, 0))
             .map_err(|e| HarnessError::Io("bind the proxy", e))?;
         let addr = listener
             .local_addr()
