@@ -8,12 +8,14 @@
 //! refuses a token lower than the highest it took).
 //!
 //! Faults in turn: the leader's sidecar killed with SIGKILL, the leader's pod deleted, the
-//! leader's cluster cut off from every Redis node. Judged over the whole run, from the store's
-//! log and from watches of both clusters' pods and the Service's EndpointSlices (`judge`):
-//! no write refused (no leader wrote after its successor had), each term's writes from one pod
-//! and not interleaved with another term's, at most one pod with the condition
-//! `lockedjob.dev/leader` True at a time, and the Services' ready endpoints at most one pod,
-//! the leader's while a pod leads. Events of the two clusters are merged by when this test
+//! leader's cluster cut off from every Redis node, the leader's pod frozen (cgroup freezer)
+//! past its TTL while the other cluster is cut off, and three of the five Redis nodes paused
+//! (no quorum: no leader anywhere until they return). Judged over the whole run, from the
+//! store's log and from watches of both clusters' pods and the Service's EndpointSlices
+//! (`judge`): no write refused but the frozen leader's after it woke (a stale write, which the
+//! fence is for), each term's writes from one pod and its accepted writes not interleaved with
+//! another term's, at most one pod with the condition `lockedjob.dev/leader` True at a time,
+//! and the Services' ready endpoints at most one pod, the leader's while a pod leads. Events of the two clusters are merged by when this test
 //! received them; within a cluster a watch keeps the API server's order. Needs root.
 
 mod support;
@@ -212,10 +214,17 @@ async fn watch_endpoints(slices: Api<EndpointSlice>, cluster: String, timeline: 
 }
 
 /// Every violation of one leader at a time in the run, as lines for a failure's message.
-fn judge(writes: &[Write], timeline: &[(Instant, Seen)], start: Instant) -> Vec<String> {
+/// `woken`: the term of a leader frozen past its lease, whose late writes the fence refuses.
+fn judge(
+    writes: &[Write],
+    timeline: &[(Instant, Seen)],
+    start: Instant,
+    woken: u64,
+) -> Vec<String> {
     let at = |t: Instant| format!("+{:.3}s", t.duration_since(start).as_secs_f64());
     let mut violations = Vec::new();
-    for w in writes.iter().filter(|w| !w.accepted) {
+    let refused = writes.iter().filter(|w| !w.accepted && w.token != woken);
+    for w in refused {
         violations.push(format!(
             "{}: stale write refused: {:?} with token {} after a higher one",
             at(w.at),
@@ -223,7 +232,7 @@ fn judge(writes: &[Write], timeline: &[(Instant, Seen)], start: Instant) -> Vec<
             w.token
         ));
     }
-    // Each term: one pod, and its writes not interleaved with another term's.
+    // Each term: one pod, and its accepted writes not interleaved with another term's.
     let mut terms: BTreeMap<u64, (PodRef, Instant, Instant)> = BTreeMap::new();
     for w in writes {
         let term = terms.entry(w.token).or_insert((w.pod.clone(), w.at, w.at));
@@ -233,7 +242,9 @@ fn judge(writes: &[Write], timeline: &[(Instant, Seen)], start: Instant) -> Vec<
                 w.token, term.0, w.pod
             ));
         }
-        term.2 = w.at;
+        if w.accepted {
+            term.2 = w.at;
+        }
     }
     let spans: Vec<_> = terms.iter().collect();
     for pair in spans.windows(2) {
@@ -413,6 +424,38 @@ async fn next_term(store: &FencedStore, after: u64, what: &str) -> (PodRef, u64)
     );
 }
 
+/// Freezes (or thaws) every process of pod `uid` through its cgroup, as `docker pause` does:
+/// the kubelet and the API server go on, the pod's sidecar and workload stand still.
+fn freeze_pod(uid: &str, frozen: bool) {
+    let wanted = format!("pod{uid}");
+    let found = walkdir(std::path::Path::new("/sys/fs/cgroup/freezer"), 5)
+        .into_iter()
+        .find(|dir| dir.file_name().and_then(|n| n.to_str()) == Some(wanted.as_str()))
+        .unwrap_or_else(|| panic!("no freezer cgroup {wanted}"));
+    let state = if frozen { "FROZEN" } else { "THAWED" };
+    std::fs::write(found.join("freezer.state"), state)
+        .unwrap_or_else(|e| panic!("{state} {}: {e}", found.display()));
+}
+
+/// The directories under `root`, `depth` levels deep at most.
+fn walkdir(root: &std::path::Path, depth: usize) -> Vec<std::path::PathBuf> {
+    let Ok(entries) = std::fs::read_dir(root) else {
+        return Vec::new();
+    };
+    let dirs: Vec<_> = entries
+        .flatten()
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .map(|e| e.path())
+        .collect();
+    let mut all = dirs.clone();
+    if depth > 1 {
+        for dir in dirs {
+            all.extend(walkdir(&dir, depth - 1));
+        }
+    }
+    all
+}
+
 /// The time from the old term's last write to the new term's first.
 fn handover_gap(store: &FencedStore, old: u64, new: u64) -> Duration {
     let log = store.log();
@@ -425,7 +468,7 @@ fn handover_gap(store: &FencedStore, old: u64, new: u64) -> Duration {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn one_leader_across_two_clusters_through_a_crash_a_deletion_and_a_partition() {
+async fn one_leader_across_two_clusters_through_crashes_partitions_a_freeze_and_no_quorum() {
     let redis = RedisNodes::start(REDIS_NODES, Persistence::None).expect("redis-server");
     let password = format!("{:032x}", rand::random::<u128>());
     support::create_acl_user(&redis, &support::readme_acl_setuser(&password));
@@ -515,12 +558,60 @@ async fn one_leader_across_two_clusters_through_a_crash_a_deletion_and_a_partiti
         handover_gap(&store, token, next)
     );
     assert_ne!(leader.0, cut.name, "a cut-off cluster cannot lead");
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    let token = next;
+
+    // 4. The leader's pod is frozen past its TTL while the other cluster is cut off, so its
+    // standby beside it takes over (and can clear the frozen pod's marks); then it wakes.
+    let other = sites
+        .iter()
+        .find(|s| s.name != leader.0)
+        .expect("the other site");
+    other.cut_off(true);
+    let pods = site_of(&leader).pods();
+    let uid = pods.get(&leader.1).await.expect("the leader's pod").uid();
+    freeze_pod(&uid.expect("a pod uid"), true);
+    let frozen = token;
+    let (next_leader, next) = next_term(&store, token, "while the leader was frozen").await;
+    freeze_pod(
+        &pods.get(&leader.1).await.expect("pod").uid().expect("uid"),
+        false,
+    );
+    other.cut_off(false);
+    let stale = store.log().iter().filter(|w| !w.accepted).count();
+    eprintln!(
+        "{leader:?} frozen: {next_leader:?} leads with token {next}, writes {:?} apart; {stale} stale writes refused",
+        handover_gap(&store, frozen, next)
+    );
+    let (leader, token) = (next_leader, next);
+
+    // 5. No Redis quorum: the leader steps down, nobody leads; then the nodes return.
+    let mut redis = redis;
+    for node in &mut redis.nodes[..3] {
+        node.pause().expect("SIGSTOP a Redis node");
+    }
+    let paused = Instant::now();
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let quiet_since = paused + Duration::from_secs(5);
+    let during: Vec<Write> = store
+        .log()
+        .into_iter()
+        .filter(|w| w.at > quiet_since)
+        .collect();
+    for node in &mut redis.nodes[..3] {
+        node.resume().expect("SIGCONT a Redis node");
+    }
+    assert!(
+        during.is_empty(),
+        "writes with 3 of 5 Redis nodes paused, a TTL after they stopped: {during:?}"
+    );
+    let (next_leader, next) = next_term(&store, token, "after the quorum returned").await;
+    eprintln!("{leader:?} lost its quorum: nobody led for 3 s and more; {next_leader:?} leads with token {next} once it returned");
+    tokio::time::sleep(Duration::from_secs(2)).await;
 
     drop(watches);
     let writes = store.log();
     let timeline = timeline.lock().expect("timeline").clone();
-    let violations = judge(&writes, &timeline, start);
+    let violations = judge(&writes, &timeline, start, frozen);
     assert!(
         violations.is_empty(),
         "{} violations of one leader at a time:\n{}\nthe watches saw:\n{}",
@@ -533,8 +624,9 @@ async fn one_leader_across_two_clusters_through_a_crash_a_deletion_and_a_partiti
             .join("\n")
     );
     let terms: BTreeSet<u64> = writes.iter().map(|w| w.token).collect();
+    let refused = writes.iter().filter(|w| !w.accepted).count();
     eprintln!(
-        "{} writes in {} terms, all accepted; {} changes seen by the watches",
+        "{} writes in {} terms, {refused} refused (the frozen leader's); {} changes seen by the watches",
         writes.len(),
         terms.len(),
         timeline.len()
