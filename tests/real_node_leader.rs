@@ -31,7 +31,7 @@ use serde_json::json;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use support::kubernetes::{apply_chart_rbac, client_for, create_namespace};
+use support::kubernetes::{apply_chart_rbac, client_for, create_namespace, kubectl_apply};
 use support::{FaultProxy, Persistence, ProxyMode, RedisNodes};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio_util::task::AbortOnDropHandle;
@@ -394,18 +394,7 @@ async fn deploy(site: &Site, store: std::net::SocketAddr, password: &str) {
         .expect("the example's Secret");
     let file = dir.path().join("leader.yaml");
     std::fs::write(&file, example_for(site, store)).expect("write the example");
-    let out = site
-        .cluster
-        .tool("kubectl")
-        .args(["apply", "-f"])
-        .arg(&file)
-        .output()
-        .expect("kubectl apply");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    kubectl_apply(&site.cluster, &file);
 }
 
 /// Waits for a term above `after` to settle in; returns it, or fails with the store's tail.
@@ -456,22 +445,116 @@ fn walkdir(root: &std::path::Path, depth: usize) -> Vec<std::path::PathBuf> {
     all
 }
 
-/// The time from the old term's last write to the new term's first.
-fn handover_gap(store: &FencedStore, old: u64, new: u64) -> Duration {
-    let log = store.log();
-    let last_old = log.iter().filter(|w| w.token == old).map(|w| w.at).max();
-    let first_new = log.iter().filter(|w| w.token == new).map(|w| w.at).min();
-    match (last_old, first_new) {
-        (Some(a), Some(b)) => b.saturating_duration_since(a),
-        _ => Duration::ZERO,
+/// The run: both sites, the Redis nodes, the store, and the term in office.
+struct Run {
+    sites: Vec<Site>,
+    redis: RedisNodes,
+    store: FencedStore,
+    leader: PodRef,
+    token: u64,
+}
+
+impl Run {
+    fn site_of(&self, pod: &PodRef) -> &Site {
+        self.sites.iter().find(|s| s.name == pod.0).expect("a site")
+    }
+
+    /// Waits for the next term to settle in, says how it went, and makes it the current one.
+    async fn next_term(&mut self, after_what: &str) {
+        let (old, (leader, token)) = (
+            self.token,
+            next_term(&self.store, self.token, after_what).await,
+        );
+        let log = self.store.log();
+        let last_old = log.iter().filter(|w| w.token == old).map(|w| w.at).max();
+        let first_new = log.iter().filter(|w| w.token == token).map(|w| w.at).min();
+        let gap = match (last_old, first_new) {
+            (Some(a), Some(b)) => b.saturating_duration_since(a),
+            _ => Duration::ZERO,
+        };
+        let refused = log.iter().filter(|w| !w.accepted).count();
+        eprintln!("{after_what}: {leader:?} leads with token {token}; writes {gap:?} apart, {refused} refused so far");
+        (self.leader, self.token) = (leader, token);
+    }
+
+    /// The leader's sidecar dies; the kubelet reports it.
+    async fn kill_the_leaders_sidecar(&mut self) {
+        let pid = support::sidecar_pid(&self.leader.1).expect("the leader's sidecar process");
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        )
+        .expect("kill -9 the leader's sidecar");
+        self.next_term("after the sidecar's SIGKILL").await;
+    }
+
+    /// The leader's pod is deleted: its workload stops, then its sidecar releases.
+    async fn delete_the_leaders_pod(&mut self) {
+        let pods = self.site_of(&self.leader).pods();
+        pods.delete(&self.leader.1, &DeleteParams::default())
+            .await
+            .expect("delete the leader's pod");
+        self.next_term("after the leader's pod was deleted").await;
+    }
+
+    /// The leader's cluster loses every Redis node: it steps down before its deadline, and the
+    /// other cluster leads once the lease has run out.
+    async fn cut_off_the_leaders_cluster(&mut self) {
+        let cut = self.site_of(&self.leader).name.clone();
+        self.site_of(&self.leader).cut_off(true);
+        self.next_term("after the leader's cluster was cut off")
+            .await;
+        let site = self.sites.iter().find(|s| s.name == cut).expect("site");
+        site.cut_off(false);
+        assert_ne!(self.leader.0, cut, "a cut-off cluster cannot lead");
+    }
+
+    /// The leader's pod is frozen past its TTL while the other cluster is cut off, so its
+    /// standby beside it takes over (and can clear the frozen pod's marks); then it wakes.
+    /// Returns the frozen term.
+    async fn freeze_the_leaders_pod(&mut self) -> u64 {
+        let (frozen, leader) = (self.token, self.leader.clone());
+        let other = self
+            .sites
+            .iter()
+            .find(|s| s.name != leader.0)
+            .expect("other");
+        other.cut_off(true);
+        let pods = self.site_of(&leader).pods();
+        let uid = pods.get(&leader.1).await.expect("pod").uid().expect("uid");
+        freeze_pod(&uid, true);
+        self.next_term("while the leader was frozen").await;
+        freeze_pod(&uid, false);
+        self.sites.iter().for_each(|s| s.cut_off(false));
+        frozen
+    }
+
+    /// Three of five Redis nodes paused: from a TTL on nobody writes; then they return.
+    async fn lose_the_quorum(&mut self) {
+        for node in &mut self.redis.nodes[..3] {
+            node.pause().expect("SIGSTOP a Redis node");
+        }
+        let quiet_from = Instant::now() + Duration::from_secs(5);
+        tokio::time::sleep(Duration::from_secs(8)).await;
+        let during: Vec<Write> = self
+            .store
+            .log()
+            .into_iter()
+            .filter(|w| w.at > quiet_from)
+            .collect();
+        for node in &mut self.redis.nodes[..3] {
+            node.resume().expect("SIGCONT a Redis node");
+        }
+        assert!(
+            during.is_empty(),
+            "writes with 3 of 5 Redis nodes paused, a TTL after they stopped: {during:?}"
+        );
+        self.next_term("after the quorum returned").await;
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn one_leader_across_two_clusters_through_crashes_partitions_a_freeze_and_no_quorum() {
-    let redis = RedisNodes::start(REDIS_NODES, Persistence::None).expect("redis-server");
-    let password = format!("{:032x}", rand::random::<u128>());
-    support::create_acl_user(&redis, &support::readme_acl_setuser(&password));
+/// Both sites: a cluster each, the example's namespace, proxies to every Redis node.
+async fn sites(redis: &RedisNodes) -> Vec<Site> {
     let (east, west) = tokio::join!(start_cluster(CLUSTERS[0]), start_cluster(CLUSTERS[1]));
     let mut sites = Vec::new();
     for (name, cluster) in CLUSTERS.into_iter().zip([east, west]) {
@@ -491,125 +574,57 @@ async fn one_leader_across_two_clusters_through_crashes_partitions_a_freeze_and_
             proxies,
         });
     }
+    sites
+}
+
+/// Watches of every site's pods and EndpointSlices into `timeline`, stopped when dropped.
+fn watch_sites(sites: &[Site], timeline: &Timeline) -> Vec<AbortOnDropHandle<()>> {
+    let mut watches = Vec::new();
+    for site in sites {
+        let slices = Api::namespaced(site.client.clone(), &site.namespace);
+        let name = site.name.clone();
+        let leaders = watch_leaders(site.pods(), name.clone(), Arc::clone(timeline));
+        let endpoints = watch_endpoints(slices, name, Arc::clone(timeline));
+        watches.push(AbortOnDropHandle::new(tokio::spawn(leaders)));
+        watches.push(AbortOnDropHandle::new(tokio::spawn(endpoints)));
+    }
+    watches
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_leader_across_two_clusters_through_crashes_partitions_a_freeze_and_no_quorum() {
+    let redis = RedisNodes::start(REDIS_NODES, Persistence::None).expect("redis-server");
+    let password = format!("{:032x}", rand::random::<u128>());
+    support::create_acl_user(&redis, &support::readme_acl_setuser(&password));
+    let sites = sites(&redis).await;
     let ips: Vec<_> = sites
         .iter()
         .map(|s| (s.name.as_str(), s.cluster.host_ip()))
         .collect();
     let store = FencedStore::serve(&ips).await;
     let timeline: Timeline = Arc::default();
-    let mut watches = Vec::new();
-    for site in &sites {
-        let slices = Api::namespaced(site.client.clone(), &site.namespace);
-        let (name, seen) = (site.name.clone(), Arc::clone(&timeline));
-        watches.push(AbortOnDropHandle::new(tokio::spawn(watch_leaders(
-            site.pods(),
-            name.clone(),
-            Arc::clone(&seen),
-        ))));
-        watches.push(AbortOnDropHandle::new(tokio::spawn(watch_endpoints(
-            slices, name, seen,
-        ))));
-    }
+    let watches = watch_sites(&sites, &timeline);
     let start = Instant::now();
     for site in &sites {
         deploy(site, store.addrs[&site.name], &password).await;
     }
-    let site_of = |pod: &PodRef| sites.iter().find(|s| s.name == pod.0).expect("a site");
-
     let (leader, token) = next_term(&store, 0, "first leader").await;
-    eprintln!("first leader {leader:?} with token {token}");
-
-    // 1. The leader's sidecar dies; the kubelet reports it.
-    let pid = support::sidecar_pid(&leader.1).expect("the leader's sidecar process");
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(pid),
-        nix::sys::signal::Signal::SIGKILL,
-    )
-    .expect("kill -9 the leader's sidecar");
-    let (leader, next) = next_term(&store, token, "after the sidecar's SIGKILL").await;
-    eprintln!(
-        "sidecar killed: {leader:?} leads with token {next}, writes {:?} apart",
-        handover_gap(&store, token, next)
-    );
-    let token = next;
-
-    // 2. The leader's pod is deleted: its workload stops, then its sidecar releases.
-    site_of(&leader)
-        .pods()
-        .delete(&leader.1, &DeleteParams::default())
-        .await
-        .expect("delete the leader's pod");
-    let (leader, next) = next_term(&store, token, "after the leader's pod was deleted").await;
-    eprintln!(
-        "pod deleted: {leader:?} leads with token {next}, writes {:?} apart",
-        handover_gap(&store, token, next)
-    );
-    let token = next;
-
-    // 3. The leader's cluster loses every Redis node: it steps down before its deadline, and
-    // the other cluster leads after the lease has run out.
-    let cut = site_of(&leader);
-    cut.cut_off(true);
-    let (leader, next) = next_term(&store, token, "after the leader's cluster was cut off").await;
-    cut.cut_off(false);
-    eprintln!(
-        "{} cut off: {leader:?} leads with token {next}, writes {:?} apart",
-        cut.name,
-        handover_gap(&store, token, next)
-    );
-    assert_ne!(leader.0, cut.name, "a cut-off cluster cannot lead");
-    let token = next;
-
-    // 4. The leader's pod is frozen past its TTL while the other cluster is cut off, so its
-    // standby beside it takes over (and can clear the frozen pod's marks); then it wakes.
-    let other = sites
-        .iter()
-        .find(|s| s.name != leader.0)
-        .expect("the other site");
-    other.cut_off(true);
-    let pods = site_of(&leader).pods();
-    let uid = pods.get(&leader.1).await.expect("the leader's pod").uid();
-    freeze_pod(&uid.expect("a pod uid"), true);
-    let frozen = token;
-    let (next_leader, next) = next_term(&store, token, "while the leader was frozen").await;
-    freeze_pod(
-        &pods.get(&leader.1).await.expect("pod").uid().expect("uid"),
-        false,
-    );
-    other.cut_off(false);
-    let stale = store.log().iter().filter(|w| !w.accepted).count();
-    eprintln!(
-        "{leader:?} frozen: {next_leader:?} leads with token {next}, writes {:?} apart; {stale} stale writes refused",
-        handover_gap(&store, frozen, next)
-    );
-    let (leader, token) = (next_leader, next);
-
-    // 5. No Redis quorum: the leader steps down, nobody leads; then the nodes return.
-    let mut redis = redis;
-    for node in &mut redis.nodes[..3] {
-        node.pause().expect("SIGSTOP a Redis node");
-    }
-    let paused = Instant::now();
-    tokio::time::sleep(Duration::from_secs(8)).await;
-    let quiet_since = paused + Duration::from_secs(5);
-    let during: Vec<Write> = store
-        .log()
-        .into_iter()
-        .filter(|w| w.at > quiet_since)
-        .collect();
-    for node in &mut redis.nodes[..3] {
-        node.resume().expect("SIGCONT a Redis node");
-    }
-    assert!(
-        during.is_empty(),
-        "writes with 3 of 5 Redis nodes paused, a TTL after they stopped: {during:?}"
-    );
-    let (next_leader, next) = next_term(&store, token, "after the quorum returned").await;
-    eprintln!("{leader:?} lost its quorum: nobody led for 3 s and more; {next_leader:?} leads with token {next} once it returned");
+    let mut run = Run {
+        sites,
+        redis,
+        store,
+        leader,
+        token,
+    };
+    run.kill_the_leaders_sidecar().await;
+    run.delete_the_leaders_pod().await;
+    run.cut_off_the_leaders_cluster().await;
+    let frozen = run.freeze_the_leaders_pod().await;
+    run.lose_the_quorum().await;
     tokio::time::sleep(Duration::from_secs(2)).await;
 
     drop(watches);
-    let writes = store.log();
+    let writes = run.store.log();
     let timeline = timeline.lock().expect("timeline").clone();
     let violations = judge(&writes, &timeline, start, frozen);
     assert!(

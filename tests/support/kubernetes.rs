@@ -124,10 +124,15 @@ pub fn apply_chart_rbac(local: &LocalCluster, namespace: &str, dir: &Path) {
     );
     let file = dir.join("rbac.yaml");
     std::fs::write(&file, &rendered.stdout).expect("rbac.yaml");
+    kubectl_apply(local, &file);
+}
+
+/// `kubectl apply -f FILE` on `local`; fails the test with kubectl's complaint.
+pub fn kubectl_apply(local: &LocalCluster, file: &Path) {
     let applied = local
         .tool("kubectl")
         .args(["apply", "-f"])
-        .arg(&file)
+        .arg(file)
         .output()
         .expect("kubectl apply");
     assert!(
