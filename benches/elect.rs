@@ -80,12 +80,35 @@ fn now_nanos() -> u128 {
         .unwrap_or(0)
 }
 
+/// The candidates of a run, by name. Dropped (also when a check fails), each is killed with
+/// everything it started, so that no candidate outlives the bench.
+struct Running(Vec<(String, Child)>);
+
+impl Running {
+    /// The position of the candidate named `name`.
+    fn of(&self, name: &str) -> usize {
+        self.0.iter().position(|(n, _)| n == name).expect("runs")
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        for (_, child) in &mut self.0 {
+            signal_whole(child.id(), Signal::SIGCONT);
+            signal_whole(child.id(), Signal::SIGKILL);
+            let _ = child.wait();
+        }
+    }
+}
+
 /// Candidates "a" and "b", once one of them leads.
-fn elected_pair(candidate: impl Fn(&Path, &str) -> Child, dir: &Path) -> Vec<(String, Child)> {
-    let running = ["a", "b"]
-        .iter()
-        .map(|n| (n.to_string(), candidate(dir, n)))
-        .collect();
+fn elected_pair(candidate: impl Fn(&Path, &str) -> Child, dir: &Path) -> Running {
+    let running = Running(
+        ["a", "b"]
+            .iter()
+            .map(|n| (n.to_string(), candidate(dir, n)))
+            .collect(),
+    );
     assert!(
         wait_until(Duration::from_secs(20), || starts(dir).len() == 1),
         "no first leader:\n{}",
@@ -108,11 +131,8 @@ fn failovers(
     for _ in 0..trials {
         let seen = starts(dir.path()).len();
         let leader = starts(dir.path()).last().expect("a leader").0.clone();
-        let position = running
-            .iter()
-            .position(|(n, _)| *n == leader)
-            .expect("leader runs");
-        let (name, mut child) = running.remove(position);
+        let position = running.of(&leader);
+        let child = &mut running.0[position].1;
         let stopped_at = now_nanos();
         kill(Pid::from_raw(child.id() as i32), signal).expect("signal the leader");
         let _ = child.wait();
@@ -124,13 +144,9 @@ fn failovers(
         took.push(Duration::from_nanos(
             started.saturating_sub(stopped_at) as u64
         ));
-        running.push((name.clone(), candidate(dir.path(), &name)));
+        running.0[position].1 = candidate(dir.path(), &leader);
         // Let the restarted candidate make its first attempt before the next trial.
         std::thread::sleep(Duration::from_millis(300));
-    }
-    for (_, mut child) in running {
-        let _ = child.kill();
-        let _ = child.wait();
     }
     took
 }
@@ -231,9 +247,9 @@ fn paused_leaders(
     for _ in 0..trials {
         let seen = starts(dir.path()).len();
         let leader = starts(dir.path()).last().expect("a leader").0.clone();
-        let position = running.iter().position(|(n, _)| *n == leader);
-        let (name, mut child) = running.remove(position.expect("leader runs"));
-        signal_whole(child.id(), Signal::SIGSTOP);
+        let position = running.of(&leader);
+        let pid = running.0[position].1.id();
+        signal_whole(pid, Signal::SIGSTOP);
         std::thread::sleep(pause);
         // Paused until a successor leads (client-go's may wait for a last retry period).
         assert!(
@@ -244,7 +260,7 @@ fn paused_leaders(
         );
         let terms = |dir: &Path| starts(dir).iter().filter(|s| s.0 == leader).count();
         let terms_before = terms(dir.path());
-        signal_whole(child.id(), Signal::SIGCONT);
+        signal_whole(pid, Signal::SIGCONT);
         // Restarted once its work has been quiet for a second (it noticed, or was stopped), or
         // once it won a new term (a woken client-go leader can release its successor's Lease
         // and take it again: docs/benchmarks.md).
@@ -264,16 +280,14 @@ fn paused_leaders(
             starts(dir.path()),
             logs(dir.path())
         );
-        signal_whole(child.id(), Signal::SIGKILL);
-        let _ = child.wait();
-        running.push((name.clone(), candidate(dir.path(), &name)));
+        signal_whole(pid, Signal::SIGKILL);
+        let _ = running.0[position].1.wait();
+        running.0[position].1 = candidate(dir.path(), &leader);
         std::thread::sleep(Duration::from_millis(300));
     }
     // Let a leader that has not noticed yet finish its term before judging.
     std::thread::sleep(pause);
-    for (_, child) in &running {
-        signal_whole(child.id(), Signal::SIGKILL);
-    }
+    drop(running);
     stale_writes(&writes(dir.path()), &starts(dir.path()))
 }
 

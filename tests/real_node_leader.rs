@@ -7,8 +7,8 @@
 //! sends "CLUSTER POD TOKEN" every 100 ms to a fenced store this test serves on the host (it
 //! refuses a token lower than the highest it took).
 //!
-//! Faults in turn: the leader's sidecar killed with SIGKILL, the leader's pod deleted, the
-//! leader's cluster cut off from every Redis node, the leader's pod frozen (cgroup freezer)
+//! Faults in turn: the leader's sidecar killed with SIGKILL, the leader's pod deleted, then
+//! force-deleted, the leader's cluster cut off from every Redis node, the leader's pod frozen (cgroup freezer)
 //! past its TTL while the other cluster is cut off, and three of the five Redis nodes paused
 //! (no quorum: no leader anywhere until they return). Judged over the whole run, from the
 //! store's log and from watches of both clusters' pods and the Service's EndpointSlices
@@ -497,6 +497,21 @@ impl Run {
         self.next_term("after the leader's pod was deleted").await;
     }
 
+    /// The leader's pod is deleted with `--force`: the object goes at once, with no word from
+    /// the kubelet, so no candidate may shortcut; the kubelet then stops the pod.
+    async fn force_delete_the_leaders_pod(&mut self) {
+        let pods = self.site_of(&self.leader).pods();
+        let now = DeleteParams {
+            grace_period_seconds: Some(0),
+            ..DeleteParams::default()
+        };
+        pods.delete(&self.leader.1, &now)
+            .await
+            .expect("force-delete the leader's pod");
+        self.next_term("after the leader's pod was force-deleted")
+            .await;
+    }
+
     /// The leader's cluster loses every Redis node: it steps down before its deadline, and the
     /// other cluster leads once the lease has run out.
     async fn cut_off_the_leaders_cluster(&mut self) {
@@ -618,6 +633,7 @@ async fn one_leader_across_two_clusters_through_crashes_partitions_a_freeze_and_
     };
     run.kill_the_leaders_sidecar().await;
     run.delete_the_leaders_pod().await;
+    run.force_delete_the_leaders_pod().await;
     run.cut_off_the_leaders_cluster().await;
     let frozen = run.freeze_the_leaders_pod().await;
     run.lose_the_quorum().await;
