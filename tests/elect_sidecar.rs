@@ -456,6 +456,96 @@ async fn a_leader_reported_terminated_by_the_kubelet_is_replaced_before_its_ttl(
     delete_namespace(client, &election.namespace).await;
 }
 
+/// A leader whose pod is being deleted steps down at once (token file gone, marks off) and
+/// releases the lock once its workload's last record has expired, without waiting for the
+/// kubelet to stop the pod (which no node does here: a finalizer holds the deleted pod); it
+/// campaigns no more and exits on SIGTERM.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_whose_pod_is_deleted_hands_over_once_its_record_has_expired() {
+    use kube::api::{DeleteParams, Patch, PatchParams};
+    let election = Election::new("elect-deleted", json!([])).await;
+    let (pods, nodes) = (&election.pods, &election.nodes);
+    let dir = election.dir.path();
+    let logs = || election.logs();
+    let hold = json!({"metadata": {"finalizers": ["lockedjob.dev/test-hold"]}});
+    pods.patch("writer-a", &PatchParams::default(), &Patch::Merge(&hold))
+        .await
+        .expect("a finalizer on a's pod");
+    let token_file = |pod: &str| dir.join(format!("{pod}.leader.json"));
+    let mut reap = Reap(Vec::new());
+    for pod in CANDIDATES {
+        let record = token_file(pod).display().to_string();
+        let extra = ["--ttl", "30s", "--token-file", record.as_str()];
+        reap.0
+            .push(election.sidecar(pod, support::free_port(), &extra));
+        let shown = if pod == "writer-a" {
+            leading()
+        } else {
+            not_leading()
+        };
+        assert!(
+            eventually(Duration::from_secs(20), || async {
+                marks(pods, pod).await == shown
+            })
+            .await,
+            "{pod} never showed {shown:?}:\n{}",
+            logs()
+        );
+    }
+    let deleted_at = jiff::Timestamp::now();
+    pods.delete("writer-a", &DeleteParams::default())
+        .await
+        .expect("delete a's pod");
+    // Well within the 30 s TTL, and without a kubelet.
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            marks(pods, "writer-b").await == leading()
+        })
+        .await,
+        "b did not take over from a deleted pod before a's TTL:\n{}",
+        logs()
+    );
+    assert!(
+        !token_file("writer-a").exists(),
+        "a's record outlived its leadership"
+    );
+    // a refreshed its record every 250 ms until it saw the deletion, so its workload could act
+    // until at least 750 ms after the delete call; b may lead only after that.
+    let leases: Api<Lease> = Api::namespaced(election.client.clone(), &election.namespace);
+    let spec = leases
+        .get(&lease_name("writer"))
+        .await
+        .expect("Lease")
+        .spec
+        .expect("spec");
+    let acquired = spec.acquire_time.expect("acquireTime").0;
+    let earliest = deleted_at + jiff::SignedDuration::from_millis(750);
+    assert!(
+        acquired >= earliest,
+        "b led from {acquired}, before a's record could have expired ({earliest}):\n{}",
+        logs()
+    );
+    assert!(
+        matches!(reap.0[0].try_wait(), Ok(None)),
+        "a's sidecar must wait for SIGTERM, not exit or campaign:\n{}",
+        logs()
+    );
+    assert_eq!(
+        nodes.nodes[0]
+            .get("lockedjob:lock:writer")
+            .map(|v| v.contains("writer-b")),
+        Some(true)
+    );
+    kill(Pid::from_raw(reap.0[0].id() as i32), Signal::SIGTERM).expect("SIGTERM a");
+    let status = reap.0[0].wait().expect("a exits");
+    assert_eq!(status.code(), Some(0), "{}", logs());
+    let release = json!({"metadata": {"finalizers": null}});
+    let _ = pods
+        .patch("writer-a", &PatchParams::default(), &Patch::Merge(&release))
+        .await;
+    delete_namespace(&election.client, &election.namespace).await;
+}
+
 /// The README's example Deployment (native sidecar, readiness gate, Service) is accepted by the
 /// real API server as written, in a namespace of the test's own.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

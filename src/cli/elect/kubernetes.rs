@@ -106,6 +106,7 @@ impl PodMirror {
             });
         Ok(EndedLeaders {
             store,
+            pod: self.pod.clone(),
             lock: self.lock.clone(),
             changed,
             _watch: AbortOnDropHandle::new(tokio::spawn(pods)),
@@ -310,6 +311,8 @@ impl PodMirror {
 /// The election's pods, watched: which of them show a leader's container terminated.
 pub struct EndedLeaders {
     store: Store<Pod>,
+    /// This sidecar's own pod, also one of the election's.
+    pod: String,
     lock: String,
     /// Told when an election pod changes: a leader stepped down or was reported terminated.
     changed: Arc<Notify>,
@@ -320,6 +323,22 @@ impl EndedLeaders {
     /// Returns once an election pod has changed since the last call (at once if one did).
     pub async fn changed(&self) {
         self.changed.notified().await
+    }
+
+    /// Whether the API shows this sidecar's own pod being deleted (its deletionTimestamp set):
+    /// it then leads no more and campaigns no more.
+    pub fn self_deleting(&self) -> bool {
+        self.store.state().iter().any(|pod| {
+            pod.metadata.name.as_deref() == Some(self.pod.as_str())
+                && pod.metadata.deletion_timestamp.is_some()
+        })
+    }
+
+    /// Returns once this sidecar's own pod is being deleted.
+    pub async fn until_self_deleting(&self) {
+        while !self.self_deleting() {
+            self.changed().await;
+        }
     }
 
     /// Other pods of the election that the API shows Ready: a previous leader whose kubelet

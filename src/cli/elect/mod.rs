@@ -325,6 +325,13 @@ impl Sidecar {
                 Held::HandedOver => tracing::info!(
                     "handed leadership over to a candidate of higher priority; campaigning again"
                 ),
+                Held::PodDeleted => {
+                    tracing::info!(
+                        "this pod is being deleted: stepped down and released; waiting for SIGTERM"
+                    );
+                    signals.next().await;
+                    return 0;
+                }
             }
         }
     }
@@ -356,10 +363,17 @@ impl Sidecar {
         let step_down = preference.handover_requested(engine, lock, timing.renew_interval);
         tokio::pin!(step_down);
         let held = loop {
+            let deleted = async {
+                match &self.ended {
+                    Some(pods) => pods.until_self_deleting().await,
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 _ = lost.cancelled() => break Held::Lost,
                 _ = signals.next() => break Held::Stopped,
                 () = &mut step_down => break Held::HandedOver,
+                () = deleted => break Held::PodDeleted,
                 Some(status) = next_deadline(&mut deadlines, shown.deadline) => {
                     shown = status;
                     marked = self.show(&lease, LeaseEvent::Held(status), !marked).await || marked;
@@ -370,14 +384,34 @@ impl Sidecar {
         fresh.stop().await;
         self.show(&lease, LeaseEvent::Lost, false).await;
         self.termination.clear();
+        let held = match held {
+            Held::PodDeleted => self.outlive_the_record(signals).await,
+            held => held,
+        };
         watchdog.release(engine).await;
-        if let (Held::Stopped | Held::HandedOver, Some(mirror)) = (held, &self.mirror) {
+        if let (Held::Stopped | Held::HandedOver | Held::PodDeleted, Some(mirror)) =
+            (held, &self.mirror)
+        {
             let bound = timing.safety_margin / 2;
             if let Ok(Err(e)) = tokio::time::timeout(bound, mirror.released()).await {
                 tracing::debug!(error = %e, "cannot mark the pod released; the next leader comes at its next attempt");
             }
         }
         held
+    }
+
+    /// This pod is being deleted and the lease is still held: its workload may act on its last
+    /// record until that has expired, so the lock is released only then, or at SIGTERM, which
+    /// a native sidecar gets only once the main containers have exited, whichever comes first.
+    /// Without this the next leader waits for the kubelet to begin stopping the pod, about a
+    /// second after it learned of the deletion (docs/benchmarks.md).
+    async fn outlive_the_record(&self, signals: &mut Signals) -> Held {
+        let drift_factor = self.candidate.engine.config().drift_factor;
+        let expired = self.record.expired_at(drift_factor);
+        tokio::select! {
+            () = tokio::time::sleep_until(expired.into()) => Held::PodDeleted,
+            _ = signals.next() => Held::Stopped,
+        }
     }
 
     /// Shows the lease to the pod: on election and renewal the mirrors (with `mark_pod`, the
@@ -450,6 +484,8 @@ enum Held {
     Lost,
     /// A candidate of higher priority asked for leadership.
     HandedOver,
+    /// The pod is being deleted: the sidecar waits for SIGTERM.
+    PodDeleted,
 }
 
 /// Why a campaign ended without a lease.
@@ -521,6 +557,11 @@ async fn campaign(
         _ => {}
     };
     loop {
+        if ended.is_some_and(EndedLeaders::self_deleting) {
+            // The pod is going away: a term won now would only be handed back.
+            asking.withdraw().await;
+            return std::future::pending().await;
+        }
         match engine.try_acquire(lock, timing.ttl).await {
             Ok(lease) if preference.must_yield(engine, lock).await => {
                 leader_seen(false);

@@ -118,6 +118,8 @@ pub(super) struct LiveRecord {
     file: Option<TokenFile>,
     endpoint: watch::Sender<Option<LeaderRecord>>,
     validity: Duration,
+    /// When the last record was written (monotonic clock).
+    last_written: std::sync::Mutex<Option<Instant>>,
 }
 
 impl LiveRecord {
@@ -130,7 +132,16 @@ impl LiveRecord {
             file,
             endpoint,
             validity,
+            last_written: std::sync::Mutex::new(None),
         })
+    }
+
+    /// When the last record written has expired for its reader, on the same node's clock,
+    /// with the clock drift the locks allow; now if none was written.
+    pub(super) fn expired_at(&self, drift_factor: f64) -> Instant {
+        let written = *self.last_written.lock().unwrap_or_else(|e| e.into_inner());
+        let allowance = crate::redlock::timing::drift_allowance(self.validity, drift_factor);
+        written.map_or_else(Instant::now, |at| at + self.validity + allowance)
     }
 
     pub(super) fn validity(&self) -> Duration {
@@ -170,6 +181,7 @@ impl LiveRecord {
             valid_until: record.valid_until.min(capped),
             ..record
         };
+        *self.last_written.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
         if let Some(file) = &self.file {
             file.write(&record);
         }
