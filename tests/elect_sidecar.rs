@@ -12,7 +12,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::api::{Api, PostParams};
-use lockedjob::cli::elect::{lease_name, LEADER_CONDITION, LEADER_LABEL};
+use lockedjob::cli::elect::{lease_name, DEFAULT_RECORD_VALIDITY, LEADER_CONDITION, LEADER_LABEL};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use serde_json::json;
@@ -226,6 +226,31 @@ impl Election {
             .join("\n")
     }
 
+    /// Starts writer-a's sidecar, then writer-b's, each with the arguments `extra(pod)`, and
+    /// waits until a leads and b does not.
+    async fn start_a_then_b(&self, extra: impl Fn(&str) -> Vec<String>) -> Reap {
+        let mut reap = Reap(Vec::new());
+        for pod in CANDIDATES {
+            let args = extra(pod);
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            reap.0.push(self.sidecar(pod, support::free_port(), &args));
+            let shown = if pod == "writer-a" {
+                leading()
+            } else {
+                not_leading()
+            };
+            assert!(
+                eventually(Duration::from_secs(20), || async {
+                    marks(&self.pods, pod).await == shown
+                })
+                .await,
+                "{pod} never showed {shown:?}:\n{}",
+                self.logs()
+            );
+        }
+        reap
+    }
+
     fn sidecar(&self, pod: &str, port: u16, extra: &[&str]) -> Child {
         let urls = self.nodes.urls();
         sidecar_with(
@@ -347,35 +372,19 @@ async fn a_leader_reported_terminated_by_the_kubelet_is_replaced_before_its_ttl(
     let message_file = |pod: &str| dir.join(format!("{pod}.termination-log"));
     // Each pod's workload reads its own token file (an emptyDir of its pod).
     let token_file = |pod: &str| dir.join(format!("{pod}.leader.json"));
-    let mut reap = Reap(Vec::new());
     for pod in CANDIDATES {
         std::fs::write(message_file(pod), "").expect("termination-log");
-        let file = message_file(pod).display().to_string();
-        let record = token_file(pod).display().to_string();
-        let extra = [
-            "--ttl",
-            "30s",
-            "--termination-message-path",
-            file.as_str(),
-            "--token-file",
-            record.as_str(),
-        ];
-        let port = support::free_port();
-        reap.0.push(election.sidecar(pod, port, &extra));
-        let shown = if pod == "writer-a" {
-            leading()
-        } else {
-            not_leading()
-        };
-        assert!(
-            eventually(Duration::from_secs(20), || async {
-                marks(pods, pod).await == shown
-            })
-            .await,
-            "{pod} never showed {shown:?}:\n{}",
-            logs()
-        );
     }
+    let mut reap = election
+        .start_a_then_b(|pod| {
+            let file = message_file(pod).display().to_string();
+            let record = token_file(pod).display().to_string();
+            let flags = ["--ttl", "30s", "--termination-message-path", &file];
+            let mut args: Vec<String> = flags.iter().map(|a| a.to_string()).collect();
+            args.extend(["--token-file".to_string(), record]);
+            args
+        })
+        .await;
     let held = std::fs::read_to_string(message_file("writer-a")).expect("a's message");
     let value = serde_json::from_str::<serde_json::Value>(&held).expect("JSON")["value"]
         .as_str()
@@ -472,26 +481,14 @@ async fn a_leader_whose_pod_is_deleted_hands_over_once_its_record_has_expired() 
         .await
         .expect("a finalizer on a's pod");
     let token_file = |pod: &str| dir.join(format!("{pod}.leader.json"));
-    let mut reap = Reap(Vec::new());
-    for pod in CANDIDATES {
-        let record = token_file(pod).display().to_string();
-        let extra = ["--ttl", "30s", "--token-file", record.as_str()];
-        reap.0
-            .push(election.sidecar(pod, support::free_port(), &extra));
-        let shown = if pod == "writer-a" {
-            leading()
-        } else {
-            not_leading()
-        };
-        assert!(
-            eventually(Duration::from_secs(20), || async {
-                marks(pods, pod).await == shown
-            })
-            .await,
-            "{pod} never showed {shown:?}:\n{}",
-            logs()
-        );
-    }
+    let mut reap = election
+        .start_a_then_b(|pod| {
+            let record = token_file(pod).display().to_string();
+            ["--ttl", "30s", "--token-file", &record]
+                .map(String::from)
+                .to_vec()
+        })
+        .await;
     let deleted_at = jiff::Timestamp::now();
     pods.delete("writer-a", &DeleteParams::default())
         .await
@@ -509,8 +506,9 @@ async fn a_leader_whose_pod_is_deleted_hands_over_once_its_record_has_expired() 
         !token_file("writer-a").exists(),
         "a's record outlived its leadership"
     );
-    // a refreshed its record every 250 ms until it saw the deletion, so its workload could act
-    // until at least 750 ms after the delete call; b may lead only after that.
+    // a refreshed its record every quarter of its validity until it saw the deletion, so its
+    // workload could act until at least three quarters of that after the delete call; b may
+    // lead only after that.
     let leases: Api<Lease> = Api::namespaced(election.client.clone(), &election.namespace);
     let spec = leases
         .get(&lease_name("writer"))
@@ -519,7 +517,8 @@ async fn a_leader_whose_pod_is_deleted_hands_over_once_its_record_has_expired() 
         .spec
         .expect("spec");
     let acquired = spec.acquire_time.expect("acquireTime").0;
-    let earliest = deleted_at + jiff::SignedDuration::from_millis(750);
+    let three_quarters = DEFAULT_RECORD_VALIDITY * 3 / 4;
+    let earliest = deleted_at + jiff::SignedDuration::try_from(three_quarters).expect("small");
     assert!(
         acquired >= earliest,
         "b led from {acquired}, before a's record could have expired ({earliest}):\n{}",

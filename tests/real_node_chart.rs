@@ -21,7 +21,7 @@ use kube::api::{Api, DeleteParams, ListParams, LogParams, PostParams};
 use kube::ResourceExt;
 use localcluster::{LocalCluster, NodeKind, Options};
 use lockedjob::api::LockedJob;
-use lockedjob::cli::elect::lease_name;
+use lockedjob::cli::elect::{lease_name, DEFAULT_RECORD_VALIDITY};
 use serde_json::json;
 use std::collections::BTreeMap;
 use std::net::{SocketAddr, TcpStream};
@@ -623,7 +623,7 @@ async fn the_example_leader_fails_over_when_its_sidecar_dies(
 }
 
 /// The killed sidecar's workload could act on its last record until that record expired, at
-/// most the default `--record-validity` (1 s) after the kill. The next leader writes its
+/// most the default `--record-validity` after the kill. The next leader writes its
 /// Lease's acquireTime before its own record, so that time must come later. (When the killed
 /// pod's restarted sidecar wins, the Lease keeps its first acquireTime: nothing to compare.)
 async fn next_leader_waited_for_the_dead_leaders_record(
@@ -649,10 +649,11 @@ async fn next_leader_waited_for_the_dead_leaders_record(
     })
     .await
     .expect("the Lease names the next leader");
-    let record_expired = killed_at + jiff::SignedDuration::from_secs(1);
+    let validity = jiff::SignedDuration::try_from(DEFAULT_RECORD_VALIDITY).expect("small");
+    let record_expired = killed_at + validity;
     assert!(
         acquired >= record_expired,
-        "{next_holder} led from {acquired}, before {leader}'s workload record expired ({record_expired} at the latest, 1 s after the kill at {killed_at}):\n{logs}"
+        "{next_holder} led from {acquired}, before {leader}'s workload record expired ({record_expired} at the latest, {validity} after the kill at {killed_at}):\n{logs}"
     );
 }
 

@@ -41,7 +41,7 @@ pub struct ElectArgs {
     /// checks `validUntil` stops acting at most this long after its sidecar died, and a
     /// candidate that learns of that death from the kubelet waits this long before it takes
     /// over. Longer rides out a starved sidecar without gaps in the work; shorter fails over
-    /// sooner. [default: 1s]
+    /// sooner. [default: 500ms]
     #[arg(long, env = "LOCKEDJOB_RECORD_VALIDITY", value_parser = parse_duration)]
     pub record_validity: Option<Duration>,
     /// Run no command: hold leadership for this pod and show it (the token file; with
@@ -90,7 +90,7 @@ impl ElectArgs {
 }
 
 /// How far ahead a sidecar's leader record reaches unless told otherwise.
-pub const DEFAULT_RECORD_VALIDITY: Duration = Duration::from_secs(1);
+pub const DEFAULT_RECORD_VALIDITY: Duration = Duration::from_millis(500);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum ObserveOutput {

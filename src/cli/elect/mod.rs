@@ -18,7 +18,7 @@ mod observe;
 mod preference;
 mod token_file;
 
-pub use args::{ElectArgs, ObserveOutput};
+pub use args::{ElectArgs, ObserveOutput, DEFAULT_RECORD_VALIDITY};
 pub use ended::HeldValue;
 pub use kubernetes::{
     election_label, lease_name, ELECTION_LABEL, LEADER_CONDITION, LEADER_LABEL,
