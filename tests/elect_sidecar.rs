@@ -226,6 +226,17 @@ impl Election {
             .join("\n")
     }
 
+    /// When the mirror Lease says `pod` took the lock (its sidecar writes the Lease before its
+    /// first record); fails unless the Lease names `pod`.
+    async fn lease_acquired_by(&self, pod: &str) -> jiff::Timestamp {
+        let leases: Api<Lease> = Api::namespaced(self.client.clone(), &self.namespace);
+        let lease = leases.get(&lease_name("writer")).await.expect("the Lease");
+        let spec = lease.spec.expect("a Lease spec");
+        let holder = spec.holder_identity.unwrap_or_default();
+        assert!(holder.contains(pod), "the Lease names {holder}, not {pod}");
+        spec.acquire_time.expect("acquireTime").0
+    }
+
     /// Starts writer-a's sidecar, then writer-b's, each with the arguments `extra(pod)`, and
     /// waits until a leads and b does not.
     async fn start_a_then_b(&self, extra: impl Fn(&str) -> Vec<String>) -> Reap {
@@ -451,12 +462,7 @@ async fn a_leader_reported_terminated_by_the_kubelet_is_replaced_before_its_ttl(
         .as_str()
         .and_then(|t| t.parse().ok())
         .expect("validUntil");
-    let leases: Api<Lease> = Api::namespaced(client.clone(), &election.namespace);
-    let lease = leases.get(&lease_name("writer")).await.expect("the Lease");
-    let spec = lease.spec.expect("a Lease spec");
-    let holder = spec.holder_identity.unwrap_or_default();
-    assert!(holder.contains("writer-b"), "the Lease names {holder}");
-    let b_acquired: jiff::Timestamp = spec.acquire_time.expect("acquireTime").0;
+    let b_acquired = election.lease_acquired_by("writer-b").await;
     assert!(
         a_until <= b_acquired,
         "b led from {b_acquired} while a's workload could still act until {a_until}:\n{}",
@@ -509,14 +515,7 @@ async fn a_leader_whose_pod_is_deleted_hands_over_once_its_record_has_expired() 
     // a refreshed its record every quarter of its validity until it saw the deletion, so its
     // workload could act until at least three quarters of that after the delete call; b may
     // lead only after that.
-    let leases: Api<Lease> = Api::namespaced(election.client.clone(), &election.namespace);
-    let spec = leases
-        .get(&lease_name("writer"))
-        .await
-        .expect("Lease")
-        .spec
-        .expect("spec");
-    let acquired = spec.acquire_time.expect("acquireTime").0;
+    let acquired = election.lease_acquired_by("writer-b").await;
     let three_quarters = DEFAULT_RECORD_VALIDITY * 3 / 4;
     let earliest = deleted_at + jiff::SignedDuration::try_from(three_quarters).expect("small");
     assert!(

@@ -187,20 +187,8 @@ pub fn failovers(trials: usize) -> Vec<(&'static str, Vec<Duration>)> {
     })
     .expect("start a cluster with real nodes");
     kubectl(&cluster, &["create", "namespace", NAMESPACE]);
-    let chart = concat!(env!("CARGO_MANIFEST_DIR"), "/charts/lockedjob-operator");
-    let namespaces = format!("leaderElection.namespaces={{{NAMESPACE}}}");
-    let rbac = cluster
-        .tool("helm")
-        .args(["template", "x", chart, "--set", &namespaces])
-        .args(["--show-only", "templates/leader-election-rbac.yaml"])
-        .output()
-        .expect("helm template");
-    assert!(
-        rbac.status.success(),
-        "{}",
-        String::from_utf8_lossy(&rbac.stderr)
-    );
-    apply(&cluster, &String::from_utf8_lossy(&rbac.stdout));
+    let dir = tempfile::tempdir().expect("tempdir");
+    crate::support::kubernetes::apply_chart_rbac(&cluster, NAMESPACE, dir.path());
     apply(&cluster, &redis_pods());
     let redis = until(
         || {

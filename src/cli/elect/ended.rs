@@ -36,8 +36,7 @@ impl HeldValue {
         drift_factor: f64,
     ) -> Option<std::time::Instant> {
         let validity = std::time::Duration::from_millis(self.record_validity_ms?);
-        let allowance = crate::redlock::timing::drift_allowance(validity, drift_factor);
-        seen.checked_add(validity + allowance)
+        seen.checked_add(super::token_file::record_lifetime(validity, drift_factor))
     }
 }
 

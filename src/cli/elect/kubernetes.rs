@@ -146,10 +146,6 @@ impl PodMirror {
         self.set_marks(&self.pod, false).await
     }
 
-    pub fn pod(&self) -> &str {
-        &self.pod
-    }
-
     /// Before this pod leads: other pods of this election lose their marks (a leader whose
     /// sidecar died without stepping down).
     pub async fn clear_other_leaders(&self) -> Result<(), MirrorError> {
@@ -344,11 +340,11 @@ impl EndedLeaders {
     /// Other pods of the election that the API shows Ready: a previous leader whose kubelet
     /// has not yet acted on its cleared condition (a standby is never Ready: its readiness
     /// gate is False).
-    pub fn ready_others(&self, pod: &str) -> Vec<String> {
+    pub fn ready_others(&self) -> Vec<String> {
         self.store
             .state()
             .iter()
-            .filter(|other| other.metadata.name.as_deref() != Some(pod))
+            .filter(|other| other.metadata.name.as_deref() != Some(self.pod.as_str()))
             .filter(|other| {
                 let conditions = other.status.as_ref().and_then(|s| s.conditions.as_ref());
                 conditions
@@ -361,12 +357,11 @@ impl EndedLeaders {
     /// Returns once no other pod of the election is Ready, or fails after `bound` naming them.
     pub async fn until_no_other_ready(
         &self,
-        pod: &str,
         bound: std::time::Duration,
     ) -> Result<(), MirrorError> {
         let deadline = tokio::time::Instant::now() + bound;
         loop {
-            let ready = self.ready_others(pod);
+            let ready = self.ready_others();
             if ready.is_empty() {
                 return Ok(());
             }

@@ -449,7 +449,7 @@ impl Sidecar {
                 LeaseEvent::Held(_) if mark_pod => {
                     mirror.clear_other_leaders().await?;
                     if let Some(pods) = &self.ended {
-                        pods.until_no_other_ready(mirror.pod(), bound / 2).await?;
+                        pods.until_no_other_ready(bound / 2).await?;
                     }
                     mirror.leading(lease.holder(), ttl_seconds).await
                 }

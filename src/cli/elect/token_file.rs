@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::AbortOnDropHandle;
 
 /// The leader's token file: what a workload reads to learn that it leads and with which token.
 pub(super) struct TokenFile {
@@ -140,8 +141,9 @@ impl LiveRecord {
     /// with the clock drift the locks allow; now if none was written.
     pub(super) fn expired_at(&self, drift_factor: f64) -> Instant {
         let written = *self.last_written.lock().unwrap_or_else(|e| e.into_inner());
-        let allowance = crate::redlock::timing::drift_allowance(self.validity, drift_factor);
-        written.map_or_else(Instant::now, |at| at + self.validity + allowance)
+        written.map_or_else(Instant::now, |at| {
+            at + record_lifetime(self.validity, drift_factor)
+        })
     }
 
     pub(super) fn validity(&self) -> Duration {
@@ -168,7 +170,10 @@ impl LiveRecord {
                 }
             }
         });
-        Freshness { stop, task }
+        Freshness {
+            stop,
+            task: AbortOnDropHandle::new(task),
+        }
     }
 
     fn write(&self, lease: &Lease, timing: &LeaseTiming, status: &LeaseStatus) {
@@ -201,22 +206,23 @@ impl LiveRecord {
     }
 }
 
+/// How long after its writing a record of `validity` may still be acted on, as measured on
+/// another clock: the validity and the drift the locks allow. The sidecar that wrote it and a
+/// candidate that saw its writer die both wait this long.
+pub(super) fn record_lifetime(validity: Duration, drift_factor: f64) -> Duration {
+    validity + crate::redlock::timing::drift_allowance(validity, drift_factor)
+}
+
 /// The task keeping a record fresh. Dropped, it is aborted; [`Freshness::stop`] also waits
 /// for a write in progress, so that nothing is written after it returns.
 pub(super) struct Freshness {
     stop: CancellationToken,
-    task: tokio::task::JoinHandle<()>,
+    task: AbortOnDropHandle<()>,
 }
 
 impl Freshness {
-    pub(super) async fn stop(mut self) {
+    pub(super) async fn stop(self) {
         self.stop.cancel();
-        let _ = (&mut self.task).await;
-    }
-}
-
-impl Drop for Freshness {
-    fn drop(&mut self) {
-        self.task.abort();
+        let _ = self.task.await;
     }
 }
