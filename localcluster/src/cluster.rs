@@ -213,9 +213,9 @@ impl Layout {
         ]
     }
 
-    fn controller_manager_args(&self) -> Result<Vec<String>, Error> {
+    fn controller_manager_args(&self, port: u16) -> Vec<String> {
         let p = &self.pki;
-        let mut args = self.component_args(port()?);
+        let mut args = self.component_args(port);
         args.extend([
             "--controllers=*".into(),
             format!(
@@ -230,7 +230,7 @@ impl Layout {
             "--kube-api-qps=100".into(),
             "--kube-api-burst=200".into(),
         ]);
-        Ok(args)
+        args
     }
 
     fn spawn(&self, name: &'static str, args: &[String]) -> Result<Daemon, Error> {
@@ -619,12 +619,13 @@ async fn start_control_plane(
 ) -> Result<Started, Error> {
     let etcd = layout.spawn("etcd", &layout.etcd_args())?;
     let (apiserver, version) = start_apiserver(layout, timeout).await?;
-    let daemons = vec![
+    let ports = [port()?, port()?];
+    let mut daemons = vec![
         layout.spawn(
             "kube-controller-manager",
-            &layout.controller_manager_args()?,
+            &layout.controller_manager_args(ports[0]),
         )?,
-        layout.spawn("kube-scheduler", &layout.component_args(port()?))?,
+        layout.spawn("kube-scheduler", &layout.component_args(ports[1]))?,
     ];
     let client = client_for(&layout.kubeconfig).await?;
     let node_name = format!("{name}-node");
@@ -675,6 +676,9 @@ async fn start_control_plane(
             .await?,
         ),
     };
+    for (daemon, port) in daemons.iter_mut().zip(ports) {
+        daemon.wait_listening(port, timeout).await?;
+    }
     let mut started = Started {
         etcd,
         apiserver: Some(apiserver),

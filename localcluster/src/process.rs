@@ -89,6 +89,34 @@ impl Daemon {
         all[all.len().saturating_sub(lines)..].join("\n")
     }
 
+    /// Waits until it accepts connections on loopback `port`. A component that cannot bind
+    /// its port exits a moment after it was started, often after the rest of the cluster
+    /// looked ready: this makes that exit a start failure (retried on fresh ports) instead of
+    /// a controller missing from a cluster that runs on.
+    pub async fn wait_listening(&mut self, port: u16, timeout: Duration) -> Result<(), Error> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.exited() {
+                return Err(self.exited_error(status));
+            }
+            if tokio::net::TcpStream::connect((std::net::Ipv4Addr::LOCALHOST, port))
+                .await
+                .is_ok()
+            {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(Error::NotReady {
+                    process: self.name,
+                    seconds: timeout.as_secs(),
+                    log: self.log.clone(),
+                    tail: self.log_tail(30),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     pub fn log_path(&self) -> &Path {
         &self.log
     }
@@ -125,5 +153,48 @@ pub fn all_alive<'a>(daemons: impl IntoIterator<Item = &'a mut Daemon>) -> Resul
 impl Drop for Daemon {
     fn drop(&mut self) {
         self.stop(Duration::from_secs(2));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shell(script: &str, log: &Path) -> Daemon {
+        let args = ["-c".to_string(), script.to_string()];
+        Daemon::spawn(Path::new("/bin/sh"), &args, log.to_path_buf())
+            .expect("start /bin/sh")
+            .named("component")
+    }
+
+    #[tokio::test]
+    async fn a_component_that_cannot_bind_fails_the_wait_as_a_taken_port() {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let port = crate::free_port().expect("a free port");
+        let script = format!(
+            "sleep 0.3; echo 'listen tcp 127.0.0.1:{port}: bind: address already in use'; exit 1"
+        );
+        let mut daemon = shell(&script, &dir.path().join("log"));
+        let error = daemon
+            .wait_listening(port, Duration::from_secs(20))
+            .await
+            .expect_err("the component exited");
+        assert!(error.is_port_taken(), "{error}");
+    }
+
+    #[tokio::test]
+    async fn a_component_that_listens_ends_the_wait() {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let port = crate::free_port().expect("a free port");
+        let script = format!(
+            "sleep 0.3; exec python3 -c 'import socket, time; s = socket.socket(); \
+             s.bind((\"127.0.0.1\", {port})); s.listen(); time.sleep(60)'"
+        );
+        let mut daemon = shell(&script, &dir.path().join("log"));
+        daemon
+            .wait_listening(port, Duration::from_secs(20))
+            .await
+            .expect("it listens");
+        assert!(daemon.exited().is_none(), "{}", daemon.log_tail(5));
     }
 }

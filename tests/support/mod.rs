@@ -149,22 +149,15 @@ pub fn lockedjob_bin() -> std::path::PathBuf {
     std::path::PathBuf::from(env!("CARGO_BIN_EXE_lockedjob"))
 }
 
-/// Binds port 0 on loopback to learn a free port. A small race remains until the server binds
-/// it; callers retry on a failed start.
+/// A free loopback port outside the kernel's ephemeral range (see `localcluster::free_port`:
+/// a port 0 choice could be taken as a client's source port before the server binds it).
 pub fn free_port() -> u16 {
-    lockedjob::lab::harness::free_port().expect("a free loopback port")
+    localcluster::free_port().expect("a free loopback port")
 }
 
-/// `n` distinct free loopback ports: bound all at once, so that two of them cannot be the same
-/// port handed out twice (which made an engine config with duplicate nodes).
+/// `n` distinct free loopback ports (the cursor behind `free_port` hands none out twice).
 pub fn free_ports(n: usize) -> Vec<u16> {
-    let listeners: Vec<std::net::TcpListener> = (0..n)
-        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("bind a loopback port"))
-        .collect();
-    listeners
-        .iter()
-        .map(|l| l.local_addr().expect("a bound address").port())
-        .collect()
+    (0..n).map(|_| free_port()).collect()
 }
 
 /// The README's least-privilege `ACL SETUSER` line (after its marker), split into arguments,
