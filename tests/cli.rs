@@ -228,3 +228,23 @@ fn completion_scripts_parse_in_their_shells() {
         .expect("run");
     assert_eq!(bad.status.code(), Some(64), "{}", text(&bad));
 }
+
+#[test]
+fn operator_refuses_a_lock_node_that_is_not_namespace_slash_statefulset() {
+    let bad = lockedjob(&[
+        "operator",
+        "--redis",
+        "redis://127.0.0.1:1",
+        "--roll-lock-nodes",
+        "lockedjob/locks-redis-0,locks-redis-1",
+    ])
+    .output()
+    .expect("run lockedjob operator");
+    let said = text(&bad);
+    assert_eq!(bad.status.code(), Some(64), "{said}");
+    assert!(
+        said.contains("--roll-lock-nodes")
+            && said.contains("\"locks-redis-1\" is not NAMESPACE/STATEFULSET"),
+        "{said}"
+    );
+}

@@ -336,6 +336,7 @@ async fn the_charts_defaults_run_on_a_real_node_in_a_restricted_namespace() {
         eventually(WAIT, || all_ready(&client, &ns)).await,
         "the release is not Ready"
     );
+    may_restart_its_lock_nodes_and_nothing_else(cluster, &ns);
     let redis_nodes: std::collections::BTreeSet<String> =
         Api::<Pod>::namespaced(client.clone(), &ns)
             .list(&ListParams::default().labels("app.kubernetes.io/component=redis"))
@@ -697,6 +698,47 @@ fn helm_apply(cluster: &LocalCluster, verb: &str, chart: &Path, ns: &str) {
     tool(cluster, "helm", &[&args[..], &wait[..]].concat());
 }
 
+/// The operator's rights for rolling the lock nodes (`kubectl auth can-i`, the real
+/// authorizer): its own nodes' StatefulSets and pods, by name, nothing else.
+fn may_restart_its_lock_nodes_and_nothing_else(cluster: &LocalCluster, ns: &str) {
+    let sa = format!("system:serviceaccount:{ns}:{RELEASE}-lockedjob-operator");
+    let set = format!("statefulset.apps/{RELEASE}-lockedjob-operator-redis-0");
+    let pod = format!("pod/{}", redis_pod(0));
+    let table: &[(&[&str], bool)] = &[
+        (&["delete", &pod], true),
+        (&["get", &set], true),
+        (&["delete", "pod/some-other-pod"], false),
+        (&["list", "pods"], false),
+        (&["patch", &set], false),
+        (&["delete", &set], false),
+    ];
+    for (args, expected) in table {
+        let out = cluster
+            .tool("kubectl")
+            .args(["auth", "can-i", "-n", ns, "--as", &sa])
+            .args(*args)
+            .output()
+            .expect("kubectl auth can-i");
+        let answer = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        assert_eq!(answer == "yes", *expected, "{sa} can-i {args:?}: {answer}");
+    }
+}
+
+/// Each Redis StatefulSet's update strategy.
+async fn update_strategies(client: &kube::Client, ns: &str) -> Vec<String> {
+    Api::<StatefulSet>::namespaced(client.clone(), ns)
+        .list(&ListParams::default())
+        .await
+        .expect("list StatefulSets")
+        .items
+        .into_iter()
+        .map(|set| {
+            let strategy = set.spec.update_strategy.and_then(|s| s.type_);
+            strategy.unwrap_or_default()
+        })
+        .collect()
+}
+
 /// Each Redis StatefulSet's governing Service, by StatefulSet name, and its uid.
 async fn governing_services(client: &kube::Client, ns: &str) -> BTreeMap<String, (String, String)> {
     Api::<StatefulSet>::namespaced(client.clone(), ns)
@@ -740,6 +782,11 @@ async fn an_install_of_the_previous_chart_upgrades_and_migrates_to_headless_serv
     }
 
     helm_apply(cluster, "upgrade", &repo("charts/lockedjob-operator"), &ns);
+    assert_eq!(
+        update_strategies(&client, &ns).await,
+        vec!["RollingUpdate"; REDIS_NODES],
+        "the upgrade kept each StatefulSet's update strategy (OnDelete would be refused)"
+    );
     let after = governing_services(&client, &ns).await;
     assert_eq!(after, before, "the upgrade kept each StatefulSet as it was");
     let services: Api<Service> = Api::namespaced(client.clone(), &ns);
@@ -775,7 +822,9 @@ async fn an_install_of_the_previous_chart_upgrades_and_migrates_to_headless_serv
     );
 }
 
-/// The README's migration, command by command.
+/// The README's migration, command by command: the StatefulSets recreated around their pods,
+/// then one `rollout restart` for all of them, which the operator carries out one node at a
+/// time (the StatefulSets are `OnDelete`).
 async fn migrate_to_headless_services(cluster: &LocalCluster, client: &kube::Client, ns: &str) {
     let selector =
         format!("app.kubernetes.io/instance={RELEASE},app.kubernetes.io/component=redis");
@@ -792,9 +841,86 @@ async fn migrate_to_headless_services(cluster: &LocalCluster, client: &kube::Cli
     helm_apply(cluster, "upgrade", &repo("charts/lockedjob-operator"), ns);
     for (set, (governing, _)) in governing_services(client, ns).await {
         assert_eq!(governing, format!("{set}-headless"), "after the migration");
-        let set = format!("statefulset/{set}");
-        tool(cluster, "kubectl", &["rollout", "restart", "-n", ns, &set]);
-        let status = ["rollout", "status", "-n", ns, &set, "--timeout", "3m"];
-        tool(cluster, "kubectl", &status);
     }
+    assert_eq!(
+        update_strategies(client, ns).await,
+        vec!["OnDelete"; REDIS_NODES],
+        "the recreated StatefulSets are the operator's to roll"
+    );
+    let down = LockNodesDown::watch(client, ns);
+    let restart = [
+        "rollout",
+        "restart",
+        "statefulset",
+        "-n",
+        ns,
+        "-l",
+        &selector,
+    ];
+    tool(cluster, "kubectl", &restart);
+    for field in ["updatedReplicas", "readyReplicas"] {
+        let condition = format!("--for=jsonpath={{.status.{field}}}=1");
+        let wait = ["wait", "statefulset", "-n", ns, "-l", &selector, &condition];
+        tool(
+            cluster,
+            "kubectl",
+            &[&wait[..], &["--timeout=10m"]].concat(),
+        );
+    }
+    down.assert_one_at_a_time("the migration's restart").await;
+}
+
+/// Samples, while a roll runs, how many lock nodes are out of service at once (no pod, or a
+/// pod not Ready), and which pods (by uid) were seen, to tell that a roll took place.
+struct LockNodesDown {
+    task: tokio::task::JoinHandle<(usize, usize)>,
+    stop: tokio::sync::oneshot::Sender<()>,
+    started: Instant,
+}
+
+impl LockNodesDown {
+    fn watch(client: &kube::Client, ns: &str) -> Self {
+        let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+        let (stop, mut stopped) = tokio::sync::oneshot::channel();
+        let task = tokio::spawn(async move {
+            let (mut most_down, mut uids) = (0, std::collections::BTreeSet::new());
+            while stopped.try_recv().is_err() {
+                let listed = pods
+                    .list(&ListParams::default().labels("app.kubernetes.io/component=redis"))
+                    .await;
+                if let Ok(list) = listed {
+                    let ready = list.items.iter().filter(|p| pod_ready(p)).count();
+                    most_down = most_down.max(REDIS_NODES.saturating_sub(ready));
+                    uids.extend(list.items.iter().filter_map(|p| p.uid()));
+                }
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+            (most_down, uids.len())
+        });
+        Self {
+            task,
+            stop,
+            started: Instant::now(),
+        }
+    }
+
+    /// Every node was restarted (a new pod each) and never two were out at once.
+    async fn assert_one_at_a_time(self, what: &str) {
+        let _ = self.stop.send(());
+        let (most_down, pods_seen) = self.task.await.expect("the sampler");
+        println!(
+            "{what}: {pods_seen} lock node pods seen in {:.0?}, at most {most_down} out of service at once",
+            self.started.elapsed()
+        );
+        assert!(
+            pods_seen >= 2 * REDIS_NODES,
+            "{what}: not every lock node was restarted ({pods_seen} pods seen)"
+        );
+        assert_eq!(most_down, 1, "{what}: lock nodes out of service at once");
+    }
+}
+
+fn pod_ready(pod: &Pod) -> bool {
+    let conditions = pod.status.as_ref().and_then(|s| s.conditions.as_ref());
+    conditions.is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }

@@ -14,6 +14,7 @@ mod probes;
 mod reconcile;
 #[cfg(test)]
 mod reconcile_tests;
+mod rollout;
 mod run;
 mod runs;
 pub mod status;
@@ -61,6 +62,11 @@ pub struct OperatorArgs {
     /// the reconciles in flight too, at twice this.
     #[arg(long, env = "LOCKEDJOB_API_CONCURRENCY", default_value_t = 32, value_parser = clap::value_parser!(u16).range(1..))]
     pub api_concurrency: u16,
+    /// The lock nodes' StatefulSets (the chart's, `OnDelete`), as NAMESPACE/NAME, comma-separated:
+    /// after their pod template changed, the operator restarts their pods one at a time, each
+    /// only while every lock node is ready, so an upgrade never takes the quorum away.
+    #[arg(long, env = "LOCKEDJOB_ROLL_LOCK_NODES", value_delimiter = ',')]
+    pub roll_lock_nodes: Vec<rollout::NodeSet>,
 }
 
 /// Runs the operator until SIGTERM/SIGINT; returns the process exit code.
@@ -96,6 +102,11 @@ pub async fn run(args: OperatorArgs) -> i32 {
     background.spawn(probe_redis(Arc::clone(&ctx)));
     background.spawn(memory::trim_periodically());
     background.spawn(wait_for_shutdown(Arc::clone(&ctx)));
+    background.spawn(rollout::roll_lock_nodes(
+        client.clone(),
+        args.roll_lock_nodes.clone(),
+        ctx.shutdown.clone(),
+    ));
     let reconciles = reconciles_in_flight(args.api_concurrency);
     let (controllers, stores) = controllers(&client, &scopes, job_events, &ctx, reconciles);
     background.spawn(mark_synced(Arc::clone(&ctx), stores.clone()));

@@ -67,3 +67,13 @@ lockedjob.dev/redis-node: {{ .index | quote }}
 {{- required "redis.external must list the nodes when redis.enabled is false" (join "," .Values.redis.external) -}}
 {{- end -}}
 {{- end -}}
+
+{{/* The lock nodes' StatefulSets, NAMESPACE/NAME, comma-separated (the operator rolls them). */}}
+{{- define "lockedjob.redisStatefulSets" -}}
+{{- $fullname := include "lockedjob.fullname" . -}}
+{{- $sets := list -}}
+{{- range $i := until (int .Values.redis.nodes) -}}
+{{- $sets = append $sets (printf "%s/%s-redis-%d" $.Release.Namespace $fullname $i) -}}
+{{- end -}}
+{{- join "," $sets -}}
+{{- end -}}
