@@ -724,28 +724,27 @@ fn may_restart_its_lock_nodes_and_nothing_else(cluster: &LocalCluster, ns: &str)
     }
 }
 
-/// Each Redis StatefulSet's update strategy.
-async fn update_strategies(client: &kube::Client, ns: &str) -> Vec<String> {
+/// The release's StatefulSets (its Redis nodes: the only ones in `ns`).
+async fn statefulsets(client: &kube::Client, ns: &str) -> Vec<StatefulSet> {
     Api::<StatefulSet>::namespaced(client.clone(), ns)
         .list(&ListParams::default())
         .await
         .expect("list StatefulSets")
         .items
-        .into_iter()
-        .map(|set| {
-            let strategy = set.spec.update_strategy.and_then(|s| s.type_);
-            strategy.unwrap_or_default()
-        })
+}
+
+/// Each Redis StatefulSet's update strategy.
+async fn update_strategies(client: &kube::Client, ns: &str) -> Vec<String> {
+    let sets = statefulsets(client, ns).await.into_iter();
+    sets.map(|set| set.spec.update_strategy.and_then(|s| s.type_))
+        .map(Option::unwrap_or_default)
         .collect()
 }
 
 /// Each Redis StatefulSet's governing Service, by StatefulSet name, and its uid.
 async fn governing_services(client: &kube::Client, ns: &str) -> BTreeMap<String, (String, String)> {
-    Api::<StatefulSet>::namespaced(client.clone(), ns)
-        .list(&ListParams::default())
+    statefulsets(client, ns)
         .await
-        .expect("list StatefulSets")
-        .items
         .into_iter()
         .map(|set| {
             let governing = set.spec.service_name.clone().unwrap_or_default();
