@@ -227,13 +227,24 @@ impl Election {
     }
 
     /// When the mirror Lease says `pod` took the lock (its sidecar writes the Lease before its
-    /// first record); fails unless the Lease names `pod`.
+    /// first record, and after its pod's marks, so a test that saw the marks may be a moment
+    /// early); fails unless the Lease names `pod` within seconds.
     async fn lease_acquired_by(&self, pod: &str) -> jiff::Timestamp {
         let leases: Api<Lease> = Api::namespaced(self.client.clone(), &self.namespace);
-        let lease = leases.get(&lease_name("writer")).await.expect("the Lease");
-        let spec = lease.spec.expect("a Lease spec");
+        let spec = || async {
+            let lease = leases.get(&lease_name("writer")).await.expect("the Lease");
+            lease.spec.expect("a Lease spec")
+        };
+        let names_pod = eventually(Duration::from_secs(10), || async {
+            spec()
+                .await
+                .holder_identity
+                .is_some_and(|h| h.contains(pod))
+        })
+        .await;
+        let spec = spec().await;
         let holder = spec.holder_identity.unwrap_or_default();
-        assert!(holder.contains(pod), "the Lease names {holder}, not {pod}");
+        assert!(names_pod, "the Lease names {holder}, not {pod}");
         spec.acquire_time.expect("acquireTime").0
     }
 

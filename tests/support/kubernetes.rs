@@ -1,6 +1,6 @@
 //! Kubernetes for the tests: the local control plane (real kube-apiserver, etcd, controller
-//! manager and scheduler, and the node agent; see `localcluster/`), clients, the LockedJob CRD,
-//! namespaces of a test's own.
+//! manager and scheduler, and a real node or the node agent; see `localcluster/`), clients, the
+//! LockedJob CRD, namespaces of a test's own.
 
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, DeleteParams, PostParams};
@@ -16,6 +16,19 @@ pub async fn local_cluster(name: &'static str) -> &'static LocalCluster {
         .await
         .expect("join the cluster start")
         .unwrap_or_else(|e| panic!("start the local cluster {name}: {e}"))
+}
+
+/// Like [`local_cluster`], with a real node (kubelet, containerd, runc, kube-proxy, CoreDNS)
+/// instead of the node agent: for tests of what a node does with pods. Needs root.
+pub async fn real_node_cluster(name: &'static str) -> &'static LocalCluster {
+    let options = move || localcluster::Options {
+        node: localcluster::NodeKind::Real,
+        ..localcluster::Options::named(name)
+    };
+    tokio::task::spawn_blocking(move || localcluster::shared_with(name, options))
+        .await
+        .expect("join the cluster start")
+        .unwrap_or_else(|e| panic!("start the local cluster {name} with a real node: {e}"))
 }
 
 /// A kube client from a kubeconfig file.
