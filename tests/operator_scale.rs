@@ -7,7 +7,7 @@
 mod e2e;
 mod support;
 
-use e2e::{check, clusters, logs_of, Lab};
+use e2e::{check, clusters, logs_of, Lab, Node};
 use kube::api::{Api, PostParams};
 use lockedjob::api::LockedJob;
 use nix::sys::signal::Signal;
@@ -16,7 +16,7 @@ use nix::sys::signal::Signal;
 /// runs every due time inside the observed window, exactly once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_hundred_lockedjobs_over_three_replicas_each_run_once_per_due_time() {
-    for cluster in clusters().await {
+    for cluster in clusters(Node::Agent).await {
         two_hundred(Lab::start(cluster, 5, 3)).await;
     }
 }

@@ -10,6 +10,7 @@
 
 use super::support::kubernetes::{
     client_for, create_namespace, eventually, install_lockedjob_crd, local_cluster,
+    real_node_cluster,
 };
 use super::support::{self, FaultProxy, Persistence, RedisNodes};
 use futures::StreamExt;
@@ -31,12 +32,15 @@ use std::time::Duration;
 pub const KUBECONFIG_ENV: &str = "LOCKEDJOB_E2E_KUBECONFIG";
 /// How much slower than the local cluster the external one's scenarios run (its pods pull
 /// images and take seconds to start): schedules, run lengths, TTLs and waits are multiplied by
-/// it. Default 3; the local cluster runs at 1.
+/// it. Default 3; a local cluster runs at 2 with a real node, at 1 with the node agent.
 pub const PACE_ENV: &str = "LOCKEDJOB_E2E_PACE";
 /// Label on the journaling pods, for the journal reader.
 const JOURNAL_LABEL: &str = "lockedjob-e2e/journal";
 /// First word of a journal line, so other output of a pod is never taken for one.
 const JOURNAL_TAG: &str = "lockedjob-journal";
+/// `now`: the wall clock in seconds with microseconds, in a pod's shell. busybox's `date` has
+/// no `%N` (it prints it as is), so there the time comes from `adjtimex`, which only reads it.
+const NOW: &str = r#"now() { t=$(date +%s.%N); case $t in *N) adjtimex | awk '/tv_sec/ {s=$2} /tv_usec/ {u=$2} END {printf "%d.%06d", s, u}';; *) echo "$t";; esac; };"#;
 
 /// Where a scenario runs: a fresh namespace of the local control plane, or of the external
 /// cluster. The namespace is deleted on drop.
@@ -53,10 +57,22 @@ pub struct Cluster {
 }
 
 impl Cluster {
-    /// A fresh namespace on the local control plane shared under `name` by this test process.
+    /// A fresh namespace on the local control plane shared under `name` by this test process,
+    /// its pods run by the node agent.
     pub async fn local(name: &'static str) -> Self {
-        let local = local_cluster(name).await;
-        let mut cluster = Self::in_namespace_of(&local.kubeconfig(), 1).await;
+        Self::local_on(name, Node::Agent).await
+    }
+
+    /// A fresh namespace on the local control plane shared under `name` by this test process,
+    /// with `node` running its pods. A real node runs at pace 2: a Job of a 0.3 s command took
+    /// about 3.5 s from creation to completion there (sandbox, network, container, the Job
+    /// controller's count), which a 2-second schedule does not leave room for.
+    pub async fn local_on(name: &'static str, node: Node) -> Self {
+        let (local, pace) = match node {
+            Node::Real => (real_node_cluster(name).await, 2),
+            Node::Agent => (local_cluster(name).await, 1),
+        };
+        let mut cluster = Self::in_namespace_of(&local.kubeconfig(), pace).await;
         cluster.name = format!("local cluster {name}");
         cluster.local = Some(local);
         cluster
@@ -153,7 +169,7 @@ impl Cluster {
     ) -> LockedJob {
         let sleep = sleep * f64::from(self.pace);
         let script = format!(
-            "start=$(date +%s.%N); sleep {sleep}; end=$(date +%s.%N); echo \"{JOURNAL_TAG} $LOCKEDJOB_LOCK_NAME $LOCKEDJOB_SCHEDULED_TIME $LOCKEDJOB_FENCING_TOKEN {cluster_id} $start $end\""
+            "{NOW} start=$(now); sleep {sleep}; end=$(now); echo \"{JOURNAL_TAG} $LOCKEDJOB_LOCK_NAME $LOCKEDJOB_SCHEDULED_TIME $LOCKEDJOB_FENCING_TOKEN {cluster_id} $start $end\""
         );
         let mut lock_spec = json!({"ttlSeconds": 6 * self.pace});
         if let Some(lock) = lock {
@@ -220,9 +236,18 @@ fn external_kubeconfig() -> Option<PathBuf> {
     path
 }
 
+/// What runs the pods of a local control plane.
+#[derive(Debug, Clone, Copy)]
+pub enum Node {
+    /// kubelet, containerd and runc (needs root).
+    Real,
+    /// The node agent: pods as local processes.
+    Agent,
+}
+
 /// The local control plane, and the external cluster when `LOCKEDJOB_E2E_KUBECONFIG` names one.
-pub async fn clusters() -> Vec<Cluster> {
-    let mut list = vec![Cluster::local("east").await];
+pub async fn clusters(node: Node) -> Vec<Cluster> {
+    let mut list = vec![Cluster::local_on("east", node).await];
     if let Some(path) = external_kubeconfig() {
         list.push(Cluster::external(&path).await);
     }
@@ -231,8 +256,9 @@ pub async fn clusters() -> Vec<Cluster> {
 
 /// Two clusters sharing one set of Redis nodes: two local control planes; on the external
 /// cluster, two namespaces of it whose replicas use different cluster ids.
-pub async fn cluster_pairs() -> Vec<(Cluster, Cluster)> {
-    let mut list = vec![(Cluster::local("east").await, Cluster::local("west").await)];
+pub async fn cluster_pairs(node: Node) -> Vec<(Cluster, Cluster)> {
+    let east = Cluster::local_on("east", node).await;
+    let mut list = vec![(east, Cluster::local_on("west", node).await)];
     if let Some(path) = external_kubeconfig() {
         list.push((
             Cluster::external(&path).await,

@@ -51,17 +51,17 @@ pub async fn check_orphan(
         scheduled,
     } = candidate;
     let span = tracing::info_span!("adopt", namespace = %namespace, name = %subject.name, lock = %valid.lock_name, job = %job_name, token = tracing::field::Empty);
-    let adopted = {
-        let key = (namespace.clone(), job_name.clone());
-        let Some(_checking) = ctx.runs.claim_job(&key) else {
-            return;
-        };
-        if holder_alive(&ctx, &valid, &key, lock_value.as_deref()).await {
-            return;
-        }
-        // Boxed: most checks end at the hint above, and their tasks stay small.
-        Box::pin(try_adopt(&ctx, &subject, &valid, &job_name).instrument(span.clone())).await
+    let key = (namespace.clone(), job_name.clone());
+    // Held from the check through the supervision of an adopted Job.
+    let Some(claim) = ctx.runs.claim_job(&key) else {
+        return;
     };
+    if holder_alive(&ctx, &valid, &key, lock_value.as_deref()).await {
+        return;
+    }
+    // Boxed: most checks end at the hint above, and their tasks stay small.
+    let adopted =
+        Box::pin(try_adopt(&ctx, &subject, &valid, &job_name).instrument(span.clone())).await;
     if let Some(lease) = adopted {
         let run = HeldRun {
             job_name,
@@ -69,7 +69,7 @@ pub async fn check_orphan(
             timing: valid.timing,
             scheduled: scheduled.unwrap_or_else(Timestamp::now),
         };
-        Box::pin(supervise(ctx, subject, run).instrument(span)).await;
+        Box::pin(supervise(&ctx, subject, run, claim).instrument(span)).await;
     }
 }
 

@@ -36,6 +36,12 @@ pub async fn start(ctx: Arc<Context>, run: Run) {
     let last_run = last_run_tag(&run.subject.lj);
     let span = run.span();
     let settled = &ctx.runs.settled;
+    // The Job's claim is taken before the Job exists and held through its supervision, so no
+    // orphan check of this replica can take the Job between its creation and its supervision.
+    let job_key = (run.subject.namespace.clone(), run.job_name());
+    let Some(supervising) = ctx.runs.claim_job(&job_key) else {
+        return;
+    };
     let launched = {
         let Some(_starting) = ctx.runs.claim_start(&key) else {
             return;
@@ -58,7 +64,7 @@ pub async fn start(ctx: Arc<Context>, run: Run) {
                 timing: run.valid.timing,
                 scheduled: run.scheduled,
             };
-            Box::pin(supervise(Arc::clone(&ctx), run.subject, held).instrument(span)).await;
+            Box::pin(supervise(&ctx, run.subject, held, supervising).instrument(span)).await;
         }
         // Someone holds the lock for this time: it runs there. Try again only once their
         // lease could have expired (they may have died before creating the Job).

@@ -5,6 +5,7 @@
 use super::super::context::Context;
 use super::super::events::{self, Reason};
 use super::super::jobs::{job_state, JobState};
+use super::super::runs::{Claim, JobKey};
 use super::super::status::{condition_is_true, ConditionUpdate};
 use super::super::subject::Subject;
 use super::report::{
@@ -38,23 +39,26 @@ enum End {
     HandedOver,
 }
 
-/// Renews the lease while the Job runs; acts on lease loss; records the outcome.
-pub async fn supervise(ctx: Arc<Context>, subject: Subject, run: HeldRun) {
+/// Renews the lease while the Job runs; acts on lease loss; records the outcome. The caller
+/// claimed the Job before it had one to supervise (before creating or adopting it): a claim
+/// taken only here let an orphan check of this replica hold the Job at that moment, and the
+/// run then walked away from its lease without a word (seen with a holder paused past its TTL).
+pub async fn supervise(
+    ctx: &Context,
+    subject: Subject,
+    run: HeldRun,
+    _supervising: Claim<'_, JobKey>,
+) {
     let namespace = &subject.namespace;
-    let key = (namespace.clone(), run.job_name.clone());
-    let Some(_supervising) = ctx.runs.claim_job(&key) else {
-        tracing::debug!(job = %run.job_name, "already supervised here");
-        return;
-    };
     let jobs: Api<Job> = subject.api(&ctx.client);
     // Dropped on every path out of here, which ends its renewals.
     let watchdog = Watchdog::spawn(ctx.engine.clone(), run.lease.clone(), run.timing);
-    let end = watch_job(&ctx, &jobs, namespace, &run.job_name, watchdog.lost()).await;
+    let end = watch_job(ctx, &jobs, namespace, &run.job_name, watchdog.lost()).await;
     match end {
         End::LockLost => {
             let deadline = watchdog.status().deadline;
             let _ = watchdog.stop().await;
-            on_lock_lost(&ctx, &subject, &jobs, &run, deadline).await;
+            on_lock_lost(ctx, &subject, &jobs, &run, deadline).await;
         }
         End::HandedOver => {
             // Release, so another replica acquires the lock afresh and adopts the Job.
@@ -72,11 +76,11 @@ pub async fn supervise(ctx: Arc<Context>, subject: Subject, run: HeldRun) {
                 RunOutcome::Stopped,
                 message,
             );
-            patch_status(&ctx, &subject, json!({"lastRun": last})).await;
+            patch_status(ctx, &subject, json!({"lastRun": last})).await;
         }
         End::Finished(state) => {
             let held = watchdog.release(&ctx.engine).await;
-            on_finished(&ctx, &subject, &run, state, held).await;
+            on_finished(ctx, &subject, &run, state, held).await;
         }
     }
 }
