@@ -7,8 +7,9 @@
 mod e2e;
 mod support;
 
-use e2e::{check, clusters, logs_of, Lab, Node};
+use e2e::{check, clusters, logs_of, Lab};
 use kube::api::{Api, PostParams};
+use localcluster::NodeKind;
 use lockedjob::api::LockedJob;
 use nix::sys::signal::Signal;
 
@@ -16,7 +17,7 @@ use nix::sys::signal::Signal;
 /// runs every due time inside the observed window, exactly once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_hundred_lockedjobs_over_three_replicas_each_run_once_per_due_time() {
-    for cluster in clusters(Node::Agent).await {
+    for cluster in clusters(NodeKind::Agent).await {
         two_hundred(Lab::start(cluster, 5, 3)).await;
     }
 }

@@ -41,6 +41,7 @@ impl std::str::FromStr for NodeSet {
 /// What one read of a lock node showed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NodeView {
+    pub namespace: String,
     pub set: String,
     /// The StatefulSet controller has seen the latest spec, so its update revision is current.
     pub synced: bool,
@@ -67,7 +68,11 @@ pub enum Step {
     /// Not now: why.
     Wait(String),
     /// Delete this pod (this uid only) so that its StatefulSet recreates it from the template.
-    Restart { pod: String, uid: String },
+    Restart {
+        namespace: String,
+        pod: String,
+        uid: String,
+    },
 }
 
 /// The next step of a roll: restart the first outdated pod, only while every node is ready.
@@ -88,6 +93,7 @@ pub fn next_step(nodes: &[NodeView]) -> Step {
         let pod = node.pod.as_ref()?;
         (node.update_revision.is_some() && pod.revision != node.update_revision).then(|| {
             Step::Restart {
+                namespace: node.namespace.clone(),
                 pod: pod.name.clone(),
                 uid: pod.uid.clone(),
             }
@@ -129,8 +135,13 @@ pub async fn roll_lock_nodes(client: Client, sets: Vec<NodeSet>, shutdown: Cance
             Step::Wait(why) => Some(why.clone()),
             _ => None,
         };
-        if let Step::Restart { pod, uid } = step {
-            restart(&client, &sets, &pod, uid).await;
+        if let Step::Restart {
+            namespace,
+            pod,
+            uid,
+        } = step
+        {
+            restart(&client, &namespace, &pod, uid).await;
         }
     }
 }
@@ -146,11 +157,8 @@ fn pending(nodes: &[NodeView]) -> bool {
         })
 }
 
-async fn restart(client: &Client, sets: &[NodeSet], pod: &str, uid: String) {
-    let Some(set) = sets.iter().find(|set| pod_name(&set.name) == pod) else {
-        return;
-    };
-    let pods: Api<Pod> = Api::namespaced(client.clone(), &set.namespace);
+async fn restart(client: &Client, namespace: &str, pod: &str, uid: String) {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
     let params = DeleteParams {
         preconditions: Some(Preconditions {
             uid: Some(uid),
@@ -160,10 +168,14 @@ async fn restart(client: &Client, sets: &[NodeSet], pod: &str, uid: String) {
     };
     match pods.delete(pod, &params).await {
         Ok(_) => {
-            tracing::info!(namespace = %set.namespace, pod, "lock node restarted for its new pod template (every lock node was ready)")
+            tracing::info!(
+                namespace,
+                pod,
+                "lock node restarted for its new pod template (every lock node was ready)"
+            )
         }
         Err(e) => {
-            tracing::warn!(namespace = %set.namespace, pod, error = %e, "cannot restart the lock node; retrying at the next read")
+            tracing::warn!(namespace, pod, error = %e, "cannot restart the lock node; retrying at the next read")
         }
     }
 }
@@ -180,16 +192,17 @@ async fn observe(client: &Client, sets: &[NodeSet]) -> Result<Vec<NodeView>, kub
         let pods: Api<Pod> = Api::namespaced(client.clone(), &set.namespace);
         let statefulset = statefulsets.get(&set.name).await?;
         let pod = pods.get_opt(&pod_name(&set.name)).await?;
-        nodes.push(view(&set.name, &statefulset, pod.as_ref()));
+        nodes.push(view(set, &statefulset, pod.as_ref()));
     }
     Ok(nodes)
 }
 
-fn view(set: &str, statefulset: &StatefulSet, pod: Option<&Pod>) -> NodeView {
+fn view(set: &NodeSet, statefulset: &StatefulSet, pod: Option<&Pod>) -> NodeView {
     let status = statefulset.status.as_ref();
     let observed = status.and_then(|s| s.observed_generation);
     NodeView {
-        set: set.to_string(),
+        namespace: set.namespace.clone(),
+        set: set.name.clone(),
         synced: observed.is_some() && observed >= statefulset.metadata.generation,
         update_revision: status.and_then(|s| s.update_revision.clone()),
         on_delete: statefulset
@@ -231,6 +244,7 @@ mod tests {
 
     fn node(i: usize, update: &str, pod: Option<(&str, bool, bool)>) -> NodeView {
         NodeView {
+            namespace: "lockedjob".into(),
             set: format!("locks-redis-{i}"),
             synced: true,
             update_revision: Some(update.to_string()),
@@ -247,6 +261,7 @@ mod tests {
 
     fn restart(i: usize) -> Step {
         Step::Restart {
+            namespace: "lockedjob".into(),
             pod: format!("locks-redis-{i}-0"),
             uid: format!("uid-{i}"),
         }

@@ -17,7 +17,7 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::api::{Api, DeleteParams, ListParams, LogParams, Patch, PatchParams};
 use kube::ResourceExt;
-use localcluster::LocalCluster;
+use localcluster::{LocalCluster, NodeKind};
 use lockedjob::api::LockedJob;
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
@@ -60,17 +60,17 @@ impl Cluster {
     /// A fresh namespace on the local control plane shared under `name` by this test process,
     /// its pods run by the node agent.
     pub async fn local(name: &'static str) -> Self {
-        Self::local_on(name, Node::Agent).await
+        Self::local_on(name, NodeKind::Agent).await
     }
 
     /// A fresh namespace on the local control plane shared under `name` by this test process,
     /// with `node` running its pods. A real node runs at pace 2: a Job of a 0.3 s command took
     /// about 3.5 s from creation to completion there (sandbox, network, container, the Job
     /// controller's count), which a 2-second schedule does not leave room for.
-    pub async fn local_on(name: &'static str, node: Node) -> Self {
+    pub async fn local_on(name: &'static str, node: NodeKind) -> Self {
         let (local, pace) = match node {
-            Node::Real => (real_node_cluster(name).await, 2),
-            Node::Agent => (local_cluster(name).await, 1),
+            NodeKind::Real => (real_node_cluster(name).await, 2),
+            NodeKind::Agent => (local_cluster(name).await, 1),
         };
         let mut cluster = Self::in_namespace_of(&local.kubeconfig(), pace).await;
         cluster.name = format!("local cluster {name}");
@@ -236,17 +236,8 @@ fn external_kubeconfig() -> Option<PathBuf> {
     path
 }
 
-/// What runs the pods of a local control plane.
-#[derive(Debug, Clone, Copy)]
-pub enum Node {
-    /// kubelet, containerd and runc (needs root).
-    Real,
-    /// The node agent: pods as local processes.
-    Agent,
-}
-
 /// The local control plane, and the external cluster when `LOCKEDJOB_E2E_KUBECONFIG` names one.
-pub async fn clusters(node: Node) -> Vec<Cluster> {
+pub async fn clusters(node: NodeKind) -> Vec<Cluster> {
     let mut list = vec![Cluster::local_on("east", node).await];
     if let Some(path) = external_kubeconfig() {
         list.push(Cluster::external(&path).await);
@@ -256,7 +247,7 @@ pub async fn clusters(node: Node) -> Vec<Cluster> {
 
 /// Two clusters sharing one set of Redis nodes: two local control planes; on the external
 /// cluster, two namespaces of it whose replicas use different cluster ids.
-pub async fn cluster_pairs(node: Node) -> Vec<(Cluster, Cluster)> {
+pub async fn cluster_pairs(node: NodeKind) -> Vec<(Cluster, Cluster)> {
     let east = Cluster::local_on("east", node).await;
     let mut list = vec![(east, Cluster::local_on("west", node).await)];
     if let Some(path) = external_kubeconfig() {

@@ -10,25 +10,26 @@ use std::path::Path;
 use std::time::Duration;
 
 /// The local cluster this test process shares under `name` (started on first use, stopped at
-/// exit). Two names are two independent control planes.
+/// exit), its pods run by the node agent. Two names are two independent control planes.
 pub async fn local_cluster(name: &'static str) -> &'static LocalCluster {
-    tokio::task::spawn_blocking(move || localcluster::shared(name))
-        .await
-        .expect("join the cluster start")
-        .unwrap_or_else(|e| panic!("start the local cluster {name}: {e}"))
+    shared_cluster(name, localcluster::NodeKind::Agent).await
 }
 
 /// Like [`local_cluster`], with a real node (kubelet, containerd, runc, kube-proxy, CoreDNS)
 /// instead of the node agent: for tests of what a node does with pods. Needs root.
 pub async fn real_node_cluster(name: &'static str) -> &'static LocalCluster {
+    shared_cluster(name, localcluster::NodeKind::Real).await
+}
+
+async fn shared_cluster(name: &'static str, node: localcluster::NodeKind) -> &'static LocalCluster {
     let options = move || localcluster::Options {
-        node: localcluster::NodeKind::Real,
+        node,
         ..localcluster::Options::named(name)
     };
     tokio::task::spawn_blocking(move || localcluster::shared_with(name, options))
         .await
         .expect("join the cluster start")
-        .unwrap_or_else(|e| panic!("start the local cluster {name} with a real node: {e}"))
+        .unwrap_or_else(|e| panic!("start the local cluster {name} ({node:?} node): {e}"))
 }
 
 /// A kube client from a kubeconfig file.
