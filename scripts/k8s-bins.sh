@@ -7,6 +7,7 @@
 #   containerd containerd-shim-runc-v2 ctr                         (github.com/containerd/containerd/v2)
 #   coredns                                                        (github.com/coredns/coredns)
 #   crictl                                                         (sigs.k8s.io/cri-tools)
+#   registry                                   (github.com/distribution/distribution/v3)
 # Versions: scripts/k8s-versions.env; the directory's name carries the control plane's, a
 # stamp file beside each other component carries its own. Cache: $LOCKEDJOB_K8S_CACHE (default
 # ~/.cache/lockedjob/k8s). Progress goes to stderr; the last line of stdout is the directory
@@ -29,7 +30,7 @@ bin="$cache_root/kubernetes-$KUBERNETES_VERSION-etcd-$ETCD_VERSION-helm-$HELM_VE
 control_plane=(kube-apiserver kube-controller-manager kube-scheduler kubectl)
 node=(kubelet kube-proxy)
 containerd=(containerd containerd-shim-runc-v2 ctr)
-all=("${control_plane[@]}" "${node[@]}" etcd helm "${containerd[@]}" coredns crictl)
+all=("${control_plane[@]}" "${node[@]}" etcd helm "${containerd[@]}" coredns crictl registry)
 
 # present NAME VERSION BINARY...: every binary is there and, with a VERSION, was built at it.
 present() {
@@ -41,7 +42,8 @@ complete() {
   present control-plane "" "${control_plane[@]}" && present node "" "${node[@]}" \
     && present etcd "" etcd && present helm "" helm \
     && present containerd "$CONTAINERD_VERSION" "${containerd[@]}" \
-    && present coredns "$COREDNS_VERSION" coredns && present crictl "$CRICTL_VERSION" crictl
+    && present coredns "$COREDNS_VERSION" coredns && present crictl "$CRICTL_VERSION" crictl \
+    && present registry "$DISTRIBUTION_VERSION" registry
 }
 if complete; then
   say "cached: $bin"
@@ -98,7 +100,7 @@ build_tools() {
   )
 }
 
-step=0; steps=7; started=$(date +%s)
+step=0; steps=8; started=$(date +%s)
 progress() {
   step=$((step + 1))
   say "building $step/$steps: $* ($(( $(date +%s) - started )) s so far; output in $log)"
@@ -175,6 +177,12 @@ if ! present crictl "$CRICTL_VERSION" crictl; then
   progress "crictl $CRICTL_VERSION"
   go_install crictl "$CRICTL_VERSION" "-X sigs.k8s.io/cri-tools/pkg/version.Version=$CRICTL_VERSION" \
     "sigs.k8s.io/cri-tools/cmd/crictl@$CRICTL_VERSION"
+else skip; fi
+if ! present registry "$DISTRIBUTION_VERSION" registry; then
+  progress "registry $DISTRIBUTION_VERSION"
+  go_install registry "$DISTRIBUTION_VERSION" \
+    "-X github.com/distribution/distribution/v3/version.version=$DISTRIBUTION_VERSION" \
+    "github.com/distribution/distribution/v3/cmd/registry@$DISTRIBUTION_VERSION"
 else skip; fi
 complete || { say "error: build finished but binaries are missing in $bin"; exit 1; }
 say "done in $(( $(date +%s) - started )) s: $(cd "$bin" && echo "${all[*]}")"

@@ -188,3 +188,34 @@ fn anchors_follow_githubs_rule() {
         ["Acquire", "Renewal"]
     );
 }
+
+/// The README's OCI install names the chart version Chart.yaml gives (a version bump that
+/// forgets the README would send users to a package `helm package` no longer makes).
+#[test]
+fn the_readmes_chart_version_is_the_charts() {
+    let chart = read(&Path::new(ROOT).join("charts/lockedjob-operator/Chart.yaml"));
+    let version = chart
+        .lines()
+        .find_map(|l| l.strip_prefix("version:"))
+        .map(|v| v.trim().trim_matches('"').to_string())
+        .expect("Chart.yaml has a version");
+    let readme = read(&Path::new(ROOT).join("README.md"));
+    let named: Vec<&str> = readme
+        .split("lockedjob-operator-")
+        .skip(1)
+        .filter_map(|rest| rest.split_once(".tgz").map(|(v, _)| v))
+        .chain(
+            readme
+                .split("--version ")
+                .skip(1)
+                .filter_map(|rest| rest.split_whitespace().next()),
+        )
+        .collect();
+    assert!(!named.is_empty(), "the README names the chart's package");
+    for v in named {
+        assert_eq!(
+            v, version,
+            "README.md names chart version {v}, Chart.yaml {version}"
+        );
+    }
+}

@@ -1,4 +1,6 @@
-//! The chart's default install on a real node (issue 30): the operator image (the `lockedjob`
+//! The chart's default install on a real node (issue 30), as users install a published chart:
+//! packaged, pushed to the cluster's OCI registry and installed from `oci://`; the nodes pull
+//! every image from that registry. The operator image (the `lockedjob`
 //! binary cargo built, with its shared libraries, as distroless/cc holds it) and the chart's
 //! own Redis StatefulSets with their volumes, one per node of five (the chart's hard
 //! anti-affinity), in a namespace that enforces the `restricted` Pod Security Standard, runc
@@ -35,14 +37,72 @@ const REDIS_NODES: usize = 5;
 const RESTART_DELAY_SECONDS: u64 = 8;
 const WAIT: Duration = Duration::from_secs(180);
 
-fn chart_app_version() -> String {
+/// A top-level field of the chart's Chart.yaml (`version`, `appVersion`).
+fn chart_field(field: &str) -> String {
     let chart =
         std::fs::read_to_string(repo("charts/lockedjob-operator/Chart.yaml")).expect("Chart.yaml");
+    let prefix = format!("{field}:");
     chart
         .lines()
-        .find_map(|l| l.strip_prefix("appVersion:"))
+        .find_map(|l| l.strip_prefix(prefix.as_str()))
         .map(|v| v.trim().trim_matches('"').to_string())
-        .expect("appVersion")
+        .unwrap_or_else(|| panic!("Chart.yaml has no {field}"))
+}
+
+fn chart_app_version() -> String {
+    chart_field("appVersion")
+}
+
+/// `helm package` and `helm push` of the chart to the cluster's registry; its `oci://`
+/// repository.
+fn publish_chart(cluster: &LocalCluster) -> String {
+    let registry = cluster
+        .registry()
+        .expect("a real node's cluster has a registry");
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let dir_arg = dir.path().to_str().expect("utf-8 path");
+    tool(
+        cluster,
+        "helm",
+        &["package", "charts/lockedjob-operator", "-d", dir_arg],
+    );
+    let package = dir
+        .path()
+        .join(format!("lockedjob-operator-{}.tgz", chart_field("version")));
+    let package = package.to_str().expect("utf-8 path");
+    let repository = format!("oci://{registry}/charts");
+    tool(
+        cluster,
+        "helm",
+        &["push", package, &repository, "--plain-http"],
+    );
+    format!("{repository}/lockedjob-operator")
+}
+
+/// Whether pods of `ns` matching `selector` pulled their image (an event `Pulled` saying
+/// "Successfully pulled", not "already present on machine"): nodes start with no image but the
+/// sandbox's, so the first such pod on each node pulls it. (Not every pod: two on one node
+/// share a pull.)
+async fn pulled_from_the_registry(client: &kube::Client, ns: &str, selector: &str) -> bool {
+    let pods = Api::<Pod>::namespaced(client.clone(), ns)
+        .list(&ListParams::default().labels(selector))
+        .await
+        .expect("list pods")
+        .items;
+    let events = Api::<k8s_openapi::api::core::v1::Event>::namespaced(client.clone(), ns)
+        .list(&ListParams::default().fields("reason=Pulled"))
+        .await
+        .expect("list events")
+        .items;
+    let pulled = |pod: &Pod| {
+        events.iter().any(|e| {
+            e.involved_object.name.as_deref() == pod.metadata.name.as_deref()
+                && e.message
+                    .as_deref()
+                    .is_some_and(|m| m.starts_with("Successfully pulled"))
+        })
+    };
+    pods.iter().any(pulled)
 }
 
 fn repo(path: &str) -> std::path::PathBuf {
@@ -316,13 +376,17 @@ async fn the_charts_defaults_run_on_a_real_node_in_a_restricted_namespace() {
     let ns = restricted_namespace(&client, "locks").await;
     let jobs_ns = restricted_namespace(&client, "demo").await;
     let delay = RESTART_DELAY_SECONDS.to_string();
+    let chart = publish_chart(cluster);
     tool(
         cluster,
         "helm",
         &[
             "install",
             RELEASE,
-            "charts/lockedjob-operator",
+            &chart,
+            "--version",
+            &chart_field("version"),
+            "--plain-http",
             "--namespace",
             &ns,
             "--set",
@@ -336,6 +400,13 @@ async fn the_charts_defaults_run_on_a_real_node_in_a_restricted_namespace() {
         eventually(WAIT, || all_ready(&client, &ns)).await,
         "the release is not Ready"
     );
+    for component in ["operator", "redis"] {
+        let selector = format!("app.kubernetes.io/component={component}");
+        assert!(
+            pulled_from_the_registry(&client, &ns, &selector).await,
+            "the {component} pods pulled their image from the cluster's registry"
+        );
+    }
     may_restart_its_lock_nodes_and_nothing_else(cluster, &ns);
     let redis_nodes: std::collections::BTreeSet<String> =
         Api::<Pod>::namespaced(client.clone(), &ns)

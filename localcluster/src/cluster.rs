@@ -7,7 +7,7 @@ use crate::node::{NodeStart, PreparedNodes, RealNodes};
 use crate::process::Daemon;
 use crate::{free_port, Binaries, Error, Pki};
 use std::collections::{BTreeMap, HashMap};
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, SocketAddrV4};
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -87,6 +87,8 @@ pub struct LocalCluster {
     name: String,
     apiserver_ip: Ipv4Addr,
     apiserver_port: u16,
+    /// With real nodes: the image registry they pull from.
+    registry: Option<SocketAddrV4>,
     token: String,
     version: String,
     requests: mpsc::UnboundedSender<Request>,
@@ -329,6 +331,7 @@ impl LocalCluster {
             Some(p) => (p.subnets().host_ip(), p.subnets().service_cidr()),
             None => (Ipv4Addr::LOCALHOST, "10.0.0.0/24".to_string()),
         };
+        let registry = prepared.as_ref().map(PreparedNodes::registry);
         let layout = Layout {
             bins,
             etcd_client_port: port()?,
@@ -378,6 +381,7 @@ impl LocalCluster {
             name: options.name.clone(),
             apiserver_ip,
             apiserver_port,
+            registry,
             token,
             version,
             requests,
@@ -437,6 +441,13 @@ impl LocalCluster {
     /// which pods reach (and where a test serves what its pods must reach on the host).
     pub fn host_ip(&self) -> Ipv4Addr {
         self.apiserver_ip
+    }
+
+    /// With real nodes, the image registry (`IP:PORT`, plain HTTP) their containerd pulls
+    /// every image from, the images of `Options::images` and the node's own already pushed;
+    /// `helm push CHART oci://IP:PORT/charts --plain-http` publishes a chart there.
+    pub fn registry(&self) -> Option<SocketAddrV4> {
+        self.registry
     }
 
     pub fn apiserver_addr(&self) -> String {
@@ -677,7 +688,9 @@ async fn start_control_plane(
         ),
     };
     for (daemon, port) in daemons.iter_mut().zip(ports) {
-        daemon.wait_listening(port, timeout).await?;
+        daemon
+            .wait_listening((Ipv4Addr::LOCALHOST, port).into(), timeout)
+            .await?;
     }
     let mut started = Started {
         etcd,

@@ -89,20 +89,21 @@ impl Daemon {
         all[all.len().saturating_sub(lines)..].join("\n")
     }
 
-    /// Waits until it accepts connections on loopback `port`. A component that cannot bind
+    /// Waits until it accepts connections at `address`. A component that cannot bind
     /// its port exits a moment after it was started, often after the rest of the cluster
     /// looked ready: this makes that exit a start failure (retried on fresh ports) instead of
     /// a controller missing from a cluster that runs on.
-    pub async fn wait_listening(&mut self, port: u16, timeout: Duration) -> Result<(), Error> {
+    pub async fn wait_listening(
+        &mut self,
+        address: std::net::SocketAddr,
+        timeout: Duration,
+    ) -> Result<(), Error> {
         let deadline = Instant::now() + timeout;
         loop {
             if let Some(status) = self.exited() {
                 return Err(self.exited_error(status));
             }
-            if tokio::net::TcpStream::connect((std::net::Ipv4Addr::LOCALHOST, port))
-                .await
-                .is_ok()
-            {
+            if tokio::net::TcpStream::connect(address).await.is_ok() {
                 return Ok(());
             }
             if Instant::now() >= deadline {
@@ -176,7 +177,10 @@ mod tests {
         );
         let mut daemon = shell(&script, &dir.path().join("log"));
         let error = daemon
-            .wait_listening(port, Duration::from_secs(20))
+            .wait_listening(
+                (std::net::Ipv4Addr::LOCALHOST, port).into(),
+                Duration::from_secs(20),
+            )
             .await
             .expect_err("the component exited");
         assert!(error.is_port_taken(), "{error}");
@@ -192,7 +196,10 @@ mod tests {
         );
         let mut daemon = shell(&script, &dir.path().join("log"));
         daemon
-            .wait_listening(port, Duration::from_secs(20))
+            .wait_listening(
+                (std::net::Ipv4Addr::LOCALHOST, port).into(),
+                Duration::from_secs(20),
+            )
             .await
             .expect("it listens");
         assert!(daemon.exited().is_none(), "{}", daemon.log_tail(5));

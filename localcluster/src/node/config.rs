@@ -46,6 +46,9 @@ imports = []
 [plugins.'io.containerd.cri.v1.images']
   snapshotter = 'overlayfs'
 
+[plugins.'io.containerd.cri.v1.images'.registry]
+  config_path = '{dir}/certs.d'
+
 [plugins.'io.containerd.cri.v1.images'.pinned_images]
   sandbox = '{PAUSE_IMAGE}'
 

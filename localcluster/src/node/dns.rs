@@ -68,7 +68,7 @@ spec:
       containers:
       - name: coredns
         image: {image}
-        imagePullPolicy: Never
+        imagePullPolicy: IfNotPresent
         args: [-conf, /etc/coredns/Corefile]
         ports:
         - {{name: dns, containerPort: 53, protocol: UDP}}

@@ -1,8 +1,8 @@
 //! Images made on this machine, offline, from files it has (Debian's busybox-static, the Go
 //! binaries built by `scripts/k8s-bins.sh`): each one layer written here as a `docker save`
-//! archive and imported into the node's containerd under the name pods use, so
-//! `imagePullPolicy: IfNotPresent` finds it and nothing is pulled. (buildah would leave its
-//! caches in /var/lib/containers and /etc/cni; a single static layer needs none of it.)
+//! archive under the name pods use, then pushed to the cluster's registry (`registry.rs`),
+//! which the nodes pull from. (buildah would leave its caches in /var/lib/containers and
+//! /etc/cni; a single static layer needs none of it.)
 
 use super::config::PAUSE_IMAGE;
 use crate::Error;

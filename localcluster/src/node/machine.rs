@@ -32,6 +32,8 @@ pub struct Shared<'a> {
     pub bin_dir: &'a Path,
     pub cluster_dir: &'a Path,
     pub state_root: &'a Path,
+    /// The cluster's image registry, which containerd pulls every image from.
+    pub registry: std::net::SocketAddrV4,
 }
 
 impl Machine {
@@ -118,7 +120,7 @@ impl Machine {
             std::fs::write(self.dir.join(name), text)
                 .map_err(io("write a node's configuration"))?;
         }
-        Ok(())
+        super::registry::write_hosts_config(&self.dir.join("certs.d"), s.registry)
     }
 
     pub fn start_containerd(&mut self) -> Result<(), Error> {

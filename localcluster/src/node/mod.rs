@@ -1,6 +1,7 @@
 //! Real nodes: on each, containerd with runc, the kubelet and kube-proxy (`machine.rs`), in a
-//! network namespace of the node's own (`network.rs`); images made here (`images.rs`), CoreDNS
-//! (`dns.rs`) and local volumes behind a default StorageClass (`storage.rs`). Needs root.
+//! network namespace of the node's own (`network.rs`); images made here (`images.rs`) and
+//! pulled from the cluster's registry (`registry.rs`), CoreDNS (`dns.rs`) and local volumes
+//! behind a default StorageClass (`storage.rs`). Needs root.
 //! What they change on the host and how that is put back: `host.rs`.
 //!
 //! Two phases, because the API server must listen on the nodes' link: [`prepare`] (the
@@ -13,6 +14,7 @@ mod host;
 mod images;
 mod machine;
 mod network;
+mod registry;
 mod storage;
 
 pub use network::{NodeNetwork, Subnets, MAX_NODES};
@@ -23,7 +25,9 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;
 use machine::Machine;
+use registry::Registry;
 use std::collections::BTreeMap;
+use std::net::SocketAddrV4;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -32,6 +36,7 @@ use std::time::{Duration, Instant};
 pub struct PreparedNodes {
     network: NodeNetwork,
     cluster_dir: PathBuf,
+    registry: SocketAddrV4,
 }
 
 /// Claims a cluster index and creates the network of `nodes` nodes; first cleans up after
@@ -45,7 +50,9 @@ pub fn prepare(cluster_dir: &Path, nodes: u8) -> Result<PreparedNodes, Error> {
     host::reclaim_stale();
     host::save_host_state()?;
     let network = NodeNetwork::create(nodes)?;
+    let registry_port = crate::free_port().map_err(|e| Error::io("find a free port", e))?;
     let prepared = PreparedNodes {
+        registry: SocketAddrV4::new(network.subnets.host_ip(), registry_port),
         network,
         cluster_dir: cluster_dir.to_path_buf(),
     };
@@ -57,6 +64,11 @@ pub fn prepare(cluster_dir: &Path, nodes: u8) -> Result<PreparedNodes, Error> {
 impl PreparedNodes {
     pub fn subnets(&self) -> Subnets {
         self.network.subnets
+    }
+
+    /// Where the nodes' image registry will listen: the host's end of their link.
+    pub fn registry(&self) -> SocketAddrV4 {
+        self.registry
     }
 
     /// `CLUSTER-node` for the first node, `CLUSTER-node-K` for the others.
@@ -108,6 +120,7 @@ pub struct NodeStart<'a> {
 /// unmounts, and removes the network.
 pub struct RealNodes {
     machines: Vec<Machine>,
+    registry: Registry,
     // Last: dropped after the processes are stopped.
     prepared: PreparedNodes,
 }
@@ -143,6 +156,13 @@ impl RealNodes {
             .ok_or_else(|| Error::Host("the cluster's PKI has no node certificates".into()))?;
         host::create_cgroups(&subnets, prepared.network.nodes)?;
         let state_root = host::state_dir(&subnets);
+        let registry = Registry::start(
+            s.bin_dir,
+            &prepared.cluster_dir,
+            prepared.registry,
+            s.timeout,
+        )
+        .await?;
         let shared = machine::Shared {
             subnets: &subnets,
             server: s.server,
@@ -150,6 +170,7 @@ impl RealNodes {
             bin_dir: s.bin_dir,
             cluster_dir: &prepared.cluster_dir,
             state_root: &state_root,
+            registry: prepared.registry,
         };
         let machines = names
             .iter()
@@ -157,7 +178,11 @@ impl RealNodes {
             .zip(0..)
             .map(|((name, kubelet), k)| Machine::new(&prepared.network, k, name, kubelet, &shared))
             .collect::<Result<Vec<_>, _>>()?;
-        let mut nodes = Self { machines, prepared };
+        let mut nodes = Self {
+            machines,
+            registry,
+            prepared,
+        };
 
         for machine in &mut nodes.machines {
             machine.start_containerd()?;
@@ -204,7 +229,9 @@ impl RealNodes {
         Ok(nodes)
     }
 
-    /// Every node gets the same images: written once, imported into each containerd.
+    /// The images are written once and pushed to the registry through the first node's
+    /// containerd; pods pull them from there. Only the sandbox image is imported into every
+    /// node: containerd keeps it pinned and the kubelet never pulls it.
     fn import_images(&self, s: &NodeStart) -> Result<(), Error> {
         let mut specs = images::node_images(s.bin_dir, &coredns_image(s.bin_dir))?;
         for (reference, program) in s.images {
@@ -212,8 +239,15 @@ impl RealNodes {
         }
         let work = self.prepared.cluster_dir.join("images");
         let archives = images::write_archives(&specs, &work)?;
+        let (sandbox, pulled): (Vec<_>, Vec<_>) = archives
+            .into_iter()
+            .partition(|(name, _)| name == config::PAUSE_IMAGE);
+        if let Some(first) = self.machines.first() {
+            self.registry
+                .push(&pulled, s.bin_dir, &first.containerd_socket())?;
+        }
         for machine in &self.machines {
-            images::import(&archives, s.bin_dir, &machine.containerd_socket())?;
+            images::import(&sandbox, s.bin_dir, &machine.containerd_socket())?;
         }
         std::fs::remove_dir_all(&work).map_err(|e| Error::io("remove the image archives", e))
     }
@@ -259,6 +293,7 @@ impl Drop for RealNodes {
         for machine in &mut self.machines {
             machine.stop();
         }
+        self.registry.stop();
     }
 }
 
