@@ -1,8 +1,8 @@
 //! Scenario 8 of the operator's end-to-end suite, in a test binary of its own: cargo runs
 //! test binaries one after the other, so this load (200 LockedJobs falling due at once) never
 //! shares the two cores with the timing-sensitive fault scenarios of `operator_e2e.rs`. Runs on
-//! the local control plane, and on the external cluster of `LOCKEDJOB_E2E_KUBECONFIG` too, at
-//! that cluster's pace.
+//! the local control plane with a real node (every run's Job a pod under the kubelet, at pace 2),
+//! and on the external cluster of `LOCKEDJOB_E2E_KUBECONFIG` too, at that cluster's pace.
 
 mod e2e;
 mod support;
@@ -17,7 +17,7 @@ use nix::sys::signal::Signal;
 /// runs every due time inside the observed window, exactly once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_hundred_lockedjobs_over_three_replicas_each_run_once_per_due_time() {
-    for cluster in clusters(NodeKind::Agent).await {
+    for cluster in clusters(NodeKind::Real).await {
         two_hundred(Lab::start(cluster, 5, 3)).await;
     }
 }
