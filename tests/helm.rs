@@ -1,9 +1,9 @@
 //! The Helm chart installed for real: `helm install` into the local control plane (real
-//! kube-apiserver with RBAC, controller manager, scheduler), the operator running as the
-//! chart's own Deployment pods — the node agent starts them with in-cluster configuration
-//! (their ServiceAccount's token, the CA and namespace at the standard paths,
-//! `KUBERNETES_SERVICE_HOST`/`PORT`), the chart's args, env and probes — against real
-//! `redis-server` nodes on loopback. The README's install block is run as written.
+//! kube-apiserver with RBAC, controller manager, scheduler) with a real node (kubelet,
+//! containerd, runc), the operator running as the chart's own Deployment pods with in-cluster
+//! configuration, the chart's args, env, probes and security context — against real
+//! `redis-server` nodes on loopback, which the pods reach through a proxy per node on the
+//! host's end of the node's link (`LockNodes`). The README's install block is run as written.
 //!
 //! The tests run one at a time: a release that watches every namespace would otherwise also
 //! run the LockedJobs of the test beside it.
@@ -16,14 +16,14 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
-use localcluster::{LocalCluster, Options};
+use localcluster::{LocalCluster, NodeKind, Options};
 use lockedjob::api::LockedJob;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 use support::kubernetes::{create_namespace, delete_namespace, eventually};
-use support::{Persistence, RedisNodes};
+use support::{chart_app_version, FaultProxy, Persistence, RedisNodes};
 
 const CHART: &str = "charts/lockedjob-operator";
 const LOCAL_VALUES: &str = "charts/lockedjob-operator/ci/local-values.yaml";
@@ -36,12 +36,16 @@ fn repo(path: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(path)
 }
 
-/// The local cluster of this test process, its node agent mapping the chart's image to the
+/// The local cluster of this test process, with a real node; the chart's image is the
 /// `lockedjob` binary cargo built for the tests.
 async fn helm_cluster() -> &'static LocalCluster {
     tokio::task::spawn_blocking(|| {
         localcluster::shared_with("helm", || Options {
-            images: BTreeMap::from([(IMAGE.to_string(), support::lockedjob_bin())]),
+            node: NodeKind::Real,
+            images: BTreeMap::from([(
+                format!("{IMAGE}:{}", chart_app_version()),
+                support::lockedjob_bin(),
+            )]),
             ..Options::named("helm")
         })
     })
@@ -142,6 +146,46 @@ impl Tools {
     }
 }
 
+/// The test's Redis nodes (on loopback) and, for each, a proxy on the host's end of the real
+/// node's link: the chart's pods run in the node's network namespace, where 127.0.0.1 is
+/// their own.
+struct LockNodes {
+    nodes: RedisNodes,
+    proxies: Vec<FaultProxy>,
+    scheme: &'static str,
+}
+
+impl LockNodes {
+    fn start(local: &LocalCluster, nodes: RedisNodes) -> Self {
+        let proxies = nodes
+            .nodes
+            .iter()
+            .map(|node| FaultProxy::start_on(local.host_ip().into(), &node.addr()))
+            .collect::<Result<Vec<_>, _>>()
+            .expect("proxies on the host's link");
+        let scheme = if nodes.urls().iter().all(|u| u.starts_with("rediss://")) {
+            "rediss"
+        } else {
+            "redis"
+        };
+        Self {
+            nodes,
+            proxies,
+            scheme,
+        }
+    }
+
+    /// The URLs the chart's pods use, as `redis.external` takes them (JSON).
+    fn external(&self) -> String {
+        let urls: Vec<String> = self
+            .proxies
+            .iter()
+            .map(|p| format!("{}://{}", self.scheme, p.addr()))
+            .collect();
+        serde_json::to_string(&urls).expect("json")
+    }
+}
+
 /// Uninstalls the release when the test ends, passed or not, so no operator outlives it.
 struct Release<'a> {
     tools: &'a Tools,
@@ -156,7 +200,7 @@ impl<'a> Release<'a> {
         tools: &'a Tools,
         name: &str,
         namespace: &str,
-        nodes: &RedisNodes,
+        nodes: &LockNodes,
         extra: &[&str],
     ) -> Self {
         let release = Self {
@@ -164,7 +208,7 @@ impl<'a> Release<'a> {
             name: name.into(),
             namespace: namespace.into(),
         };
-        let external = format!("redis.external={}", external_nodes(nodes));
+        let external = format!("redis.external={}", nodes.external());
         let mut args = vec![
             "install",
             name,
@@ -208,12 +252,8 @@ fn service_account(namespace: &str, release: &str) -> String {
     format!("system:serviceaccount:{namespace}:{}", fullname(release))
 }
 
-fn external_nodes(nodes: &RedisNodes) -> String {
-    serde_json::to_string(&nodes.urls()).expect("json")
-}
-
-fn require_password(nodes: &RedisNodes, password: &str) {
-    for node in &nodes.nodes {
+fn require_password(nodes: &LockNodes, password: &str) {
+    for node in &nodes.nodes.nodes {
         let _: () = node
             .command(&["CONFIG", "SET", "requirepass", password])
             .unwrap_or_else(|e| panic!("set the password of {}: {e}", node.url()));
@@ -253,6 +293,7 @@ async fn readme_install_runs_each_due_time_once_across_the_chart_replicas() {
     let local = helm_cluster().await;
     let tools = Tools::new(local);
     let nodes = RedisNodes::start(3, Persistence::AppendFsyncAlways).expect("redis nodes");
+    let nodes = LockNodes::start(local, nodes);
     let password = format!("pw-{:016x}", rand::random::<u64>());
     require_password(&nodes, &password);
     let _release = Release {
@@ -265,7 +306,7 @@ async fn readme_install_runs_each_due_time_once_across_the_chart_replicas() {
     let out = tools
         .command("bash")
         .args(["-euo", "pipefail", "-c", &block])
-        .env("LOCK_NODES", external_nodes(&nodes))
+        .env("LOCK_NODES", nodes.external())
         .env("LOCK_NODES_PASSWORD", &password)
         .output()
         .expect("run the README block");
@@ -284,7 +325,7 @@ async fn readme_install_runs_each_due_time_once_across_the_chart_replicas() {
         "kubectl get lj lists the example: {text}"
     );
 
-    let cluster = Cluster::local("helm").await;
+    let cluster = Cluster::local_on("helm", NodeKind::Real).await;
     let deployments: Api<Deployment> = Api::namespaced(cluster.client.clone(), "lockedjob");
     let deployment = deployments
         .get(&fullname("locks"))
@@ -415,10 +456,11 @@ async fn watch_namespaces_confine_the_operator_to_least_privilege() {
     let _serial = ONE_AT_A_TIME.lock().await;
     let local = helm_cluster().await;
     let tools = Tools::new(local);
-    let watched = Cluster::local("helm").await;
-    let unwatched = Cluster::local("helm").await;
+    let watched = Cluster::local_on("helm", NodeKind::Real).await;
+    let unwatched = Cluster::local_on("helm", NodeKind::Real).await;
     let home = create_namespace(&watched.client, "locks").await;
     let nodes = RedisNodes::start(3, Persistence::AppendFsyncAlways).expect("redis nodes");
+    let nodes = LockNodes::start(local, nodes);
 
     let crds = monitoring_crds();
     tools.run(
@@ -562,9 +604,10 @@ async fn upgrade_keeps_the_chart_made_password_and_uninstall_keeps_the_secret() 
     let _serial = ONE_AT_A_TIME.lock().await;
     let local = helm_cluster().await;
     let tools = Tools::new(local);
-    let cluster = Cluster::local("helm").await;
+    let cluster = Cluster::local_on("helm", NodeKind::Real).await;
     let home = cluster.namespace.clone();
     let nodes = RedisNodes::start(3, Persistence::AppendFsyncAlways).expect("redis nodes");
+    let nodes = LockNodes::start(local, nodes);
     let watch = format!("watchNamespaces=[\"{home}\"]");
     let release = Release::install(
         &tools,
@@ -655,11 +698,13 @@ async fn mutual_tls_and_the_acl_user_from_secrets() {
     let _serial = ONE_AT_A_TIME.lock().await;
     let local = helm_cluster().await;
     let tools = Tools::new(local);
-    let cluster = Cluster::local("helm").await;
+    let cluster = Cluster::local_on("helm", NodeKind::Real).await;
     let home = cluster.namespace.clone();
 
     let ca = TestCa::new("lock-nodes");
-    let server = ca.server("lock-node", &["127.0.0.1"], Validity::Current);
+    // The pods reach the nodes at the host's link address, the test at 127.0.0.1.
+    let link = local.host_ip().to_string();
+    let server = ca.server("lock-node", &["127.0.0.1", &link], Validity::Current);
     let client = ca.client("lockedjob-operator");
     let tls = support::NodeTls {
         cert_file: server.cert.clone(),
@@ -670,11 +715,12 @@ async fn mutual_tls_and_the_acl_user_from_secrets() {
         host: "127.0.0.1".into(),
     };
     let nodes = RedisNodes::start_tls(3, Persistence::AppendFsyncAlways, &tls).expect("nodes");
+    let nodes = LockNodes::start(local, nodes);
     let password = format!("pw-{:016x}", rand::random::<u64>());
-    support::create_acl_user(&nodes, &support::readme_acl_setuser(&password));
+    support::create_acl_user(&nodes.nodes, &support::readme_acl_setuser(&password));
     // The default user keeps what the test's own checks use and nothing the engine needs: a
     // replica that logged in as it would be denied, not quietly let in.
-    for node in &nodes.nodes {
+    for node in &nodes.nodes.nodes {
         node.command::<()>(&[
             "ACL",
             "SETUSER",
@@ -757,7 +803,7 @@ async fn mutual_tls_and_the_acl_user_from_secrets() {
         runs.len()
     );
     assert_eq!(
-        support::acl_denials(&nodes),
+        support::acl_denials(&nodes.nodes),
         Vec::<String>::new(),
         "the operator needed no right beyond the README's"
     );

@@ -37,21 +37,7 @@ const REDIS_NODES: usize = 5;
 const RESTART_DELAY_SECONDS: u64 = 8;
 const WAIT: Duration = Duration::from_secs(180);
 
-/// A top-level field of the chart's Chart.yaml (`version`, `appVersion`).
-fn chart_field(field: &str) -> String {
-    let chart =
-        std::fs::read_to_string(repo("charts/lockedjob-operator/Chart.yaml")).expect("Chart.yaml");
-    let prefix = format!("{field}:");
-    chart
-        .lines()
-        .find_map(|l| l.strip_prefix(prefix.as_str()))
-        .map(|v| v.trim().trim_matches('"').to_string())
-        .unwrap_or_else(|| panic!("Chart.yaml has no {field}"))
-}
-
-fn chart_app_version() -> String {
-    chart_field("appVersion")
-}
+use support::{chart_app_version, chart_field};
 
 /// `helm package` and `helm push` of the chart to the cluster's registry; its `oci://`
 /// repository.

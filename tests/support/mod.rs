@@ -144,6 +144,26 @@ impl Drop for Reap {
     }
 }
 
+/// A top-level field of the chart's Chart.yaml (`version`, `appVersion`).
+pub fn chart_field(field: &str) -> String {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/charts/lockedjob-operator/Chart.yaml"
+    );
+    let chart = std::fs::read_to_string(path).expect("Chart.yaml");
+    let prefix = format!("{field}:");
+    chart
+        .lines()
+        .find_map(|l| l.strip_prefix(prefix.as_str()))
+        .map(|v| v.trim().trim_matches('"').to_string())
+        .unwrap_or_else(|| panic!("Chart.yaml has no {field}"))
+}
+
+/// The image tag the chart's Deployment names by default.
+pub fn chart_app_version() -> String {
+    chart_field("appVersion")
+}
+
 /// Path of the built `lockedjob` binary (cargo builds it for integration tests).
 pub fn lockedjob_bin() -> std::path::PathBuf {
     std::path::PathBuf::from(env!("CARGO_BIN_EXE_lockedjob"))
