@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Quickstart, the README's first command.
 #   scripts/quickstart.sh         the operator doing its job: two local Kubernetes clusters
-#                                 (real control planes built from Go modules; the first run
-#                                 builds them, ~14 minutes, with progress lines) sharing 5 local
-#                                 Redis nodes, `helm install` of 3 replicas in each, one LockedJob
-#                                 every 5 s in both; midway the holder's pod is deleted and one
+#                                 (real control planes and a real node each, built from Go
+#                                 modules; the first run builds them, ~15 minutes, with progress
+#                                 lines; needs root) sharing 5 local Redis nodes, `helm install`
+#                                 of 3 replicas in each, one LockedJob every 10 s in both; midway the holder's pod is deleted and one
 #                                 Redis node killed; prints every run, `kubectl get lj` of both
 #                                 clusters and a verdict (QUICKSTART_SECONDS, default 60)
 #   scripts/quickstart.sh exec    `lockedjob exec`: 5 local Redis nodes, 3 contending runners for
@@ -13,7 +13,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 operator_demo() {
-  scripts/deps.sh redis-server
+  scripts/deps.sh redis-server runc containernetworking-plugins iptables busybox-static
   echo "[quickstart] control plane binaries (scripts/k8s-bins.sh)" >&2
   LOCKEDJOB_K8S_BIN="$(scripts/k8s-bins.sh | tail -n1)"
   export LOCKEDJOB_K8S_BIN

@@ -27,7 +27,7 @@ if ! python3 -m kubernetes_validate --version >/dev/null 2>&1; then
     || echo "warning: kubernetes-validate could not be installed; tests/chart.rs will say it skipped" >&2
 fi
 
-echo "== control plane and node binaries (scripts/k8s-bins.sh; a cold build takes about 14 minutes)"
+echo "== control plane and node binaries (scripts/k8s-bins.sh; a cold build takes about 15 minutes)"
 started=$(date +%s)
 LOCKEDJOB_K8S_BIN="$(scripts/k8s-bins.sh | tail -n1)"
 echo "   $LOCKEDJOB_K8S_BIN ($(( $(date +%s) - started )) s)"

@@ -26,6 +26,11 @@ pub use cluster::{shared, shared_with, LocalCluster, NodeKind, Options};
 pub use pki::Pki;
 pub use ports::free_port;
 
+/// A shell function `now` printing the wall clock in seconds with microseconds, for commands
+/// in pods: busybox's `date` (the nodes' `busybox:1.36`) has no `%N` and prints it as is, so
+/// there the time comes from `adjtimex`, which only reads the clock.
+pub const SHELL_NOW: &str = r#"now() { t=$(date +%s.%N); case $t in *N) adjtimex | awk '/tv_sec/ {s=$2} /tv_usec/ {u=$2} END {printf "%d.%06d", s, u}';; *) echo "$t";; esac; };"#;
+
 use std::path::PathBuf;
 
 #[derive(Debug, thiserror::Error)]

@@ -1,7 +1,9 @@
 //! The README's first command (`scripts/quickstart.sh`): the operator doing its job on this
-//! machine. Two local clusters (real control planes, see `localcluster/`) share five local Redis
-//! nodes; `helm install` puts 3 operator replicas in each, with different cluster ids; the same
-//! LockedJob (one `spec.lock.name`) goes into both, every 5 seconds. Midway the holder's pod is
+//! machine. Two local clusters (real control planes and a real node each, see `localcluster/`)
+//! share five local Redis nodes, which their pods reach through a proxy per node on the host's
+//! end of each cluster's node link; `helm install` puts 3 operator replicas in each, with
+//! different cluster ids; the same LockedJob (one `spec.lock.name`) goes into both, every 10
+//! seconds. Midway the holder's pod is
 //! deleted and one Redis node is killed with SIGKILL. At the end: one line per run, `kubectl get lj`
 //! of both clusters, and a verdict: every due time ran exactly once across both clusters, no two
 //! runs overlapped, tokens grew.
@@ -12,9 +14,9 @@ use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::api::{Api, DeleteParams, ListParams, LogParams, Patch, PatchParams, PostParams};
 use kube::ResourceExt;
-use localcluster::{Binaries, LocalCluster, Options};
+use localcluster::{Binaries, LocalCluster, NodeKind, Options};
 use lockedjob::api::LockedJob;
-use lockedjob::lab::harness::{Persistence, RedisNodes};
+use lockedjob::lab::harness::{FaultProxy, Persistence, RedisNodes};
 use serde_json::json;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -23,7 +25,10 @@ use std::time::{Duration, Instant};
 use verdict::Run;
 
 const IMAGE: &str = "ghcr.io/lockedjob/lockedjob-operator";
-const PERIOD_SECONDS: u64 = 5;
+/// Not 5 s: on a real node a Job's pod takes about 3.5 s from creation to completion beyond
+/// its command (sandbox, network, the Job controller's count), and `Forbid` rightly holds a due
+/// time back while the previous run's Job is still active.
+const PERIOD_SECONDS: u64 = 10;
 const LOCK: &str = "quickstart-report";
 const NAMESPACE: &str = "demo";
 const TAG: &str = "quickstart-run";
@@ -119,7 +124,7 @@ async fn run(length: Duration) -> Result<bool, String> {
         urls.join(" ")
     ));
 
-    say("starting two local clusters, east and west (etcd, kube-apiserver, kube-controller-manager, kube-scheduler, node agent)");
+    say("starting two local clusters, east and west (etcd, kube-apiserver, kube-controller-manager, kube-scheduler; a node each: kubelet, containerd, runc, kube-proxy, CoreDNS)");
     let started = Instant::now();
     let (east, west) = tokio::join!(
         start_side("east", &lockedjob, &bins),
@@ -131,8 +136,25 @@ async fn run(length: Duration) -> Result<bool, String> {
         started.elapsed().as_secs_f64()
     ));
 
-    let external = serde_json::to_string(&urls).map_err(|e| e.to_string())?;
+    // Pods live in their node's network namespace, where 127.0.0.1 is their own: each cluster
+    // reaches the nodes through proxies on the host's end of its node's link.
+    let mut proxies = Vec::new();
     for side in &sides {
+        let host_ip = side.cluster.host_ip();
+        let side_proxies = nodes
+            .nodes
+            .iter()
+            .map(|node| FaultProxy::start_on(host_ip.into(), &node.addr()))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| format!("start the proxies to the Redis nodes: {e}"))?;
+        let urls: Vec<String> = side_proxies
+            .iter()
+            .map(|p| format!("redis://{}", p.addr()))
+            .collect();
+        proxies.push((side_proxies, urls));
+    }
+    for (side, (_, urls)) in sides.iter().zip(&proxies) {
+        let external = serde_json::to_string(urls).map_err(|e| e.to_string())?;
         say(format!(
             "{}: helm install locks (3 replicas, cluster id {})",
             side.id, side.id
@@ -247,9 +269,11 @@ async fn run(length: Duration) -> Result<bool, String> {
 }
 
 async fn start_side(id: &'static str, lockedjob: &Path, bins: &Binaries) -> Result<Side, String> {
+    let image = format!("{IMAGE}:{}", chart_app_version()?);
     let options = Options {
         binaries: Some(bins.clone()),
-        images: BTreeMap::from([(IMAGE.to_string(), lockedjob.to_path_buf())]),
+        node: NodeKind::Real,
+        images: BTreeMap::from([(image, lockedjob.to_path_buf())]),
         ..Options::named(id)
     };
     let cluster = tokio::task::spawn_blocking(move || LocalCluster::start(options))
@@ -264,6 +288,18 @@ async fn start_side(id: &'static str, lockedjob: &Path, bins: &Binaries) -> Resu
     })
 }
 
+/// The tag the chart's Deployment names by default (Chart.yaml's `appVersion`).
+fn chart_app_version() -> Result<String, String> {
+    let path = repo("charts/lockedjob-operator/Chart.yaml");
+    let chart =
+        std::fs::read_to_string(&path).map_err(|e| format!("read {}: {e}", path.display()))?;
+    chart
+        .lines()
+        .find_map(|l| l.strip_prefix("appVersion:"))
+        .map(|v| v.trim().trim_matches('"').to_string())
+        .ok_or_else(|| format!("{} has no appVersion", path.display()))
+}
+
 async fn create_locked_job(side: &Side) -> Result<(), String> {
     Api::<Namespace>::all(side.client.clone())
         .create(
@@ -275,8 +311,9 @@ async fn create_locked_job(side: &Side) -> Result<(), String> {
         .map_err(|e| format!("create namespace {NAMESPACE} on {}: {e}", side.id))?;
     // Each run prints one line when it ends: what ran, under which token, on which replica.
     let script = format!(
-        "start=$(date +%s.%N); sleep 2; end=$(date +%s.%N); \
-         echo \"{TAG} $LOCKEDJOB_SCHEDULED_TIME $LOCKEDJOB_FENCING_TOKEN $LOCKEDJOB_HOLDER $start $end\""
+        "{} start=$(now); sleep 2; end=$(now); \
+         echo \"{TAG} $LOCKEDJOB_SCHEDULED_TIME $LOCKEDJOB_FENCING_TOKEN $LOCKEDJOB_HOLDER $start $end\"",
+        localcluster::SHELL_NOW
     );
     let locked_job: LockedJob = serde_json::from_value(json!({
         "apiVersion": "lockedjob.dev/v1alpha1", "kind": "LockedJob",

@@ -38,9 +38,8 @@ pub const PACE_ENV: &str = "LOCKEDJOB_E2E_PACE";
 const JOURNAL_LABEL: &str = "lockedjob-e2e/journal";
 /// First word of a journal line, so other output of a pod is never taken for one.
 const JOURNAL_TAG: &str = "lockedjob-journal";
-/// `now`: the wall clock in seconds with microseconds, in a pod's shell. busybox's `date` has
-/// no `%N` (it prints it as is), so there the time comes from `adjtimex`, which only reads it.
-const NOW: &str = r#"now() { t=$(date +%s.%N); case $t in *N) adjtimex | awk '/tv_sec/ {s=$2} /tv_usec/ {u=$2} END {printf "%d.%06d", s, u}';; *) echo "$t";; esac; };"#;
+/// `now`: the wall clock in seconds with microseconds, in a pod's shell.
+const NOW: &str = localcluster::SHELL_NOW;
 
 /// Where a scenario runs: a fresh namespace of the local control plane, or of the external
 /// cluster. The namespace is deleted on drop.
