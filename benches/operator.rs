@@ -1,6 +1,6 @@
 //! Operator benchmark: the operator beside the real CronJob controller, in one run, on one local
-//! control plane (real etcd, kube-apiserver, kube-controller-manager and kube-scheduler; the node
-//! agent runs the Jobs' pods as local processes). N CronJobs, handled by kube-controller-manager,
+//! cluster (real etcd, kube-apiserver, kube-controller-manager and kube-scheduler; the Jobs' pods
+//! on real nodes: kubelet, containerd and runc). N CronJobs, handled by kube-controller-manager,
 //! and N LockedJobs, handled by 3 replicas of `lockedjob operator` over 5 real Redis nodes
 //! (`appendfsync always`), all on `* * * * *` with pods that sleep 3 s.
 //!
@@ -10,8 +10,8 @@
 //! for LockedJobs Redis requests per run (the replicas' `lockedjob_redis_requests_total`) and
 //! lock attempts per run by outcome (`lockedjob_lock_acquisitions_total`: won, lost, failed).
 //!
-//! `BENCH_NODE=real` runs the Jobs' pods on real nodes instead (`BENCH_REAL_NODES`, default 3:
-//! kubelet, containerd and runc; root only) and adds the kubelets' pod start latency.
+//! `BENCH_REAL_NODES` sets how many nodes (default 3; root only); the kubelets' pod start
+//! latency is reported too.
 //!
 //! `cargo bench --bench operator`: N = 200 and 1,000 (`BENCH_N=200,1000`), one warm-up minute,
 //! then 3 measured minutes (`BENCH_MINUTES`). `BENCH_LOG_DIR=dir` keeps each replica's
@@ -26,7 +26,7 @@ use jiff::Timestamp;
 use k8s_openapi::api::batch::v1::{CronJob, Job};
 use kube::api::{Api, PostParams};
 use kube::runtime::{watcher, WatchStreamExt};
-use localcluster::{LocalCluster, NodeKind, Options};
+use localcluster::{LocalCluster, Options};
 use lockedjob::api::{LockedJob, ANNOTATION_SCHEDULED_TIME};
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -233,7 +233,7 @@ fn client_of(user_agent: &str) -> &'static str {
     } else if user_agent.starts_with("kube-controller-manager/") {
         "kcm, other controllers"
     } else {
-        "other (node agent or kubelets, bench)"
+        "other (kubelets, bench)"
     }
 }
 
@@ -356,16 +356,10 @@ fn snapshot(replicas: &[Replica], kcm: Option<u32>) -> Snapshot {
 async fn bench(n: usize, minutes: i64, warm_up: bool) {
     let nodes =
         RedisNodes::start(NODES, Persistence::AppendFsyncAlways).expect("start redis-server");
-    let real = std::env::var("BENCH_NODE").is_ok_and(|v| v == "real");
     let real_nodes = env_or("BENCH_REAL_NODES", 3).clamp(1, 16) as u8;
     let cluster = tokio::task::spawn_blocking(move || {
         LocalCluster::start(Options {
             audit_log: true,
-            node: if real {
-                NodeKind::Real
-            } else {
-                NodeKind::Agent
-            },
             nodes: real_nodes,
             ..Options::named("bench")
         })
@@ -586,9 +580,7 @@ async fn bench(n: usize, minutes: i64, warm_up: bool) {
         by_outcome.join(", ")
     );
 
-    if real {
-        pod_start_latency(&client).await;
-    }
+    pod_start_latency(&client).await;
     assert!(locked.runs > 0, "no LockedJob run was seen in the window");
     // Never two Jobs for one time; a missed run is a failure in the smoke pass, where the
     // machine is not overloaded, and a figure of the table in the full bench.

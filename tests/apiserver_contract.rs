@@ -23,7 +23,7 @@ use serde_json::json;
 use std::time::Duration;
 use support::kubernetes::{
     client_for, create_namespace, delete_namespace, eventually, install_lockedjob_crd,
-    real_node_cluster,
+    local_cluster,
 };
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -46,7 +46,7 @@ impl Backend {
 }
 
 async fn backends() -> Vec<Backend> {
-    let local = real_node_cluster("contract").await;
+    let local = local_cluster("contract").await;
     let client = client_for(&local.kubeconfig()).await;
     let mut list = vec![Backend {
         name: "local cluster",
@@ -872,7 +872,7 @@ async fn the_job_controller_counts_what_the_node_runs() {
     );
     // Through the logs API (kube-apiserver asks the node), as `kubectl logs` and the e2e
     // journal read it. Both streams, in no set order: the container runtime reads stdout and
-    // stderr from two pipes (the node agent kept their order; a real node did not).
+    // stderr from two pipes (a real node does not keep their order).
     let log = pods
         .logs(&pod.name_any(), &Default::default())
         .await

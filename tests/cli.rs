@@ -147,7 +147,7 @@ fn next_prints_the_coming_times_and_rejects_bad_expressions_clearly() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn next_reads_a_lockedjobs_schedule_and_zone_from_the_cluster() {
-    let cluster = support::kubernetes::real_node_cluster("cli").await;
+    let cluster = support::kubernetes::local_cluster("cli").await;
     let client = support::kubernetes::client_for(&cluster.kubeconfig()).await;
     support::kubernetes::install_lockedjob_crd(&client, "cli")
         .await

@@ -16,7 +16,7 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
-use localcluster::{LocalCluster, NodeKind, Options};
+use localcluster::{LocalCluster, Options};
 use lockedjob::api::LockedJob;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -41,7 +41,6 @@ fn repo(path: &str) -> PathBuf {
 async fn helm_cluster() -> &'static LocalCluster {
     tokio::task::spawn_blocking(|| {
         localcluster::shared_with("helm", || Options {
-            node: NodeKind::Real,
             images: BTreeMap::from([(
                 format!("{IMAGE}:{}", chart_app_version()),
                 support::lockedjob_bin(),
@@ -325,7 +324,7 @@ async fn readme_install_runs_each_due_time_once_across_the_chart_replicas() {
         "kubectl get lj lists the example: {text}"
     );
 
-    let cluster = Cluster::local_on("helm", NodeKind::Real).await;
+    let cluster = Cluster::local("helm").await;
     let deployments: Api<Deployment> = Api::namespaced(cluster.client.clone(), "lockedjob");
     let deployment = deployments
         .get(&fullname("locks"))
@@ -456,8 +455,8 @@ async fn watch_namespaces_confine_the_operator_to_least_privilege() {
     let _serial = ONE_AT_A_TIME.lock().await;
     let local = helm_cluster().await;
     let tools = Tools::new(local);
-    let watched = Cluster::local_on("helm", NodeKind::Real).await;
-    let unwatched = Cluster::local_on("helm", NodeKind::Real).await;
+    let watched = Cluster::local("helm").await;
+    let unwatched = Cluster::local("helm").await;
     let home = create_namespace(&watched.client, "locks").await;
     let nodes = RedisNodes::start(3, Persistence::AppendFsyncAlways).expect("redis nodes");
     let nodes = LockNodes::start(local, nodes);
@@ -604,7 +603,7 @@ async fn upgrade_keeps_the_chart_made_password_and_uninstall_keeps_the_secret() 
     let _serial = ONE_AT_A_TIME.lock().await;
     let local = helm_cluster().await;
     let tools = Tools::new(local);
-    let cluster = Cluster::local_on("helm", NodeKind::Real).await;
+    let cluster = Cluster::local("helm").await;
     let home = cluster.namespace.clone();
     let nodes = RedisNodes::start(3, Persistence::AppendFsyncAlways).expect("redis nodes");
     let nodes = LockNodes::start(local, nodes);
@@ -698,7 +697,7 @@ async fn mutual_tls_and_the_acl_user_from_secrets() {
     let _serial = ONE_AT_A_TIME.lock().await;
     let local = helm_cluster().await;
     let tools = Tools::new(local);
-    let cluster = Cluster::local_on("helm", NodeKind::Real).await;
+    let cluster = Cluster::local("helm").await;
     let home = cluster.namespace.clone();
 
     let ca = TestCa::new("lock-nodes");

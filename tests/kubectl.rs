@@ -6,7 +6,7 @@ mod support;
 
 use localcluster::LocalCluster;
 use std::path::Path;
-use support::kubernetes::{client_for, create_namespace, delete_namespace, real_node_cluster};
+use support::kubernetes::{client_for, create_namespace, delete_namespace, local_cluster};
 
 fn kubectl(cluster: &LocalCluster, namespace: &str, args: &[&str]) -> (bool, String) {
     let out = cluster
@@ -26,7 +26,7 @@ fn kubectl(cluster: &LocalCluster, namespace: &str, args: &[&str]) -> (bool, Str
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_applies_the_crd_and_examples_and_gets_them() {
-    let cluster = real_node_cluster("kubectl").await;
+    let cluster = local_cluster("kubectl").await;
     let kubeconfig = cluster.kubeconfig();
     let client = client_for(&kubeconfig).await;
     let ns = create_namespace(&client, "kubectl").await;

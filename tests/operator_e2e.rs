@@ -1,6 +1,6 @@
 //! End to end: real Redis nodes and the real `lockedjob operator` binary as separate
 //! processes, on the local control plane (real kube-apiserver, etcd, controller manager and
-//! scheduler; pods run as processes by the node agent) and on the external cluster of
+//! scheduler; every run's Job a pod on a real node) and on the external cluster of
 //! `LOCKEDJOB_E2E_KUBECONFIG` when it is set (scenarios that need the local control plane's
 //! faults say so and skip there). Each Job prints `lock scheduled token cluster start end` when it
 //! ends; the suite reads those lines through the pods' logs API and the checker asserts one
@@ -15,7 +15,6 @@ use e2e::{
 };
 use k8s_openapi::api::batch::v1::Job;
 use kube::api::{Api, PostParams};
-use localcluster::NodeKind;
 use lockedjob::api::LockedJob;
 use nix::sys::signal::Signal;
 use std::time::Duration;
@@ -38,7 +37,7 @@ async fn list_jobs(jobs: &Api<Job>) -> Option<Vec<Job>> {
 /// Scenarios 1 and 7: 3 replicas, a LockedJob every 2 s; an invalid one beside it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_replicas_run_each_time_once_and_invalid_specs_are_reported() {
-    for cluster in clusters(NodeKind::Real).await {
+    for cluster in clusters().await {
         three_replicas(Lab::start(cluster, 5, 3)).await;
     }
 }
@@ -125,7 +124,7 @@ async fn three_replicas(lab: Lab) {
 /// before the start every replica derives from the lock name and the time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn jittered_runs_start_at_the_derived_offset_once_across_replicas() {
-    for cluster in clusters(NodeKind::Real).await {
+    for cluster in clusters().await {
         jittered(Lab::start(cluster, 3, 3)).await;
     }
 }
@@ -184,7 +183,7 @@ async fn jittered(lab: Lab) {
 /// Scenario 4: two clusters, 2 replicas each, one lock name, one set of 5 Redis nodes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_clusters_sharing_redis_run_each_time_once_across_both() {
-    for (east, west) in cluster_pairs(NodeKind::Real).await {
+    for (east, west) in cluster_pairs().await {
         two_clusters(east, west).await;
     }
 }
@@ -229,7 +228,7 @@ async fn two_clusters(east: Cluster, west: Cluster) {
 /// Scenario 3: 1 of 5 Redis nodes down, then 3 of 5 mid-run, then back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn quorum_loss_deletes_the_job_before_the_deadline_and_runs_resume_after() {
-    for cluster in clusters(NodeKind::Real).await {
+    for cluster in clusters().await {
         quorum_loss(Lab::start(cluster, 5, 2)).await;
     }
 }
@@ -319,7 +318,7 @@ async fn quorum_loss(mut lab: Lab) {
 /// Scenario 2: kill -9 of the holder replica mid-run.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_holder_is_replaced_without_a_second_job_for_the_same_time() {
-    for cluster in clusters(NodeKind::Real).await {
+    for cluster in clusters().await {
         killed_holder(Lab::start(cluster, 3, 3)).await;
     }
 }
@@ -358,7 +357,7 @@ async fn killed_holder(mut lab: Lab) {
 /// Scenario 5: the holder SIGSTOPped for longer than the TTL, then SIGCONT.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn paused_holder_is_taken_over_and_leaves_the_job_alone_when_it_wakes() {
-    for cluster in clusters(NodeKind::Real).await {
+    for cluster in clusters().await {
         paused_holder(Lab::start(cluster, 3, 3)).await;
     }
 }
@@ -412,7 +411,7 @@ async fn paused_holder(lab: Lab) {
 /// kube-apiserver refuses connections and closes the open ones.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn holder_cut_off_from_its_api_server_causes_no_duplicate_and_status_catches_up() {
-    for cluster in clusters(NodeKind::Real).await {
+    for cluster in clusters().await {
         if cluster
             .local_or_skip("cutting one replica off its API server")
             .is_some()
@@ -461,7 +460,7 @@ async fn holder_cut_off(lab: Lab) {
 /// and is cleared; a malformed request is reported and cleared without a run.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn run_now_annotation_runs_once_per_request_across_replicas() {
-    for cluster in clusters(NodeKind::Real).await {
+    for cluster in clusters().await {
         run_now(Lab::start(cluster, 3, 3)).await;
     }
 }
@@ -555,7 +554,7 @@ async fn run_now(lab: Lab) {
 /// exits holding nothing. The lock's TTL is long, so a lock left behind is still there.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_while_a_run_is_starting_leaves_no_lock_behind() {
-    let cluster = Cluster::local_on("east", NodeKind::Real).await;
+    let cluster = Cluster::local("east").await;
     let mut lab = Lab::start(cluster, 3, 1);
     let c = &lab.cluster;
     let Some(proxy) = lab.replicas[0].api_proxy() else {
@@ -631,7 +630,7 @@ fn replicas_of_two(
 /// schedule goes on: no scheduled time from the creation on is skipped or run twice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn catch_up_all_runs_every_missed_time_once_across_two_clusters() {
-    for (east, west) in cluster_pairs(NodeKind::Real).await {
+    for (east, west) in cluster_pairs().await {
         catch_up_all(east, west).await;
     }
 }
@@ -724,7 +723,7 @@ async fn catch_up_all(east: Cluster, west: Cluster) {
 /// cancelled in both, stops starting runs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn backfill_runs_each_time_once_across_two_clusters_and_stops_when_cancelled() {
-    for (east, west) in cluster_pairs(NodeKind::Real).await {
+    for (east, west) in cluster_pairs().await {
         backfill(east, west).await;
     }
 }
@@ -900,7 +899,7 @@ async fn backfill(east: Cluster, west: Cluster) {
 /// drop it), and the times after it in the same run are dropped.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn buffer_one_runs_the_time_that_came_due_during_a_run_right_after_it() {
-    for cluster in clusters(NodeKind::Real).await {
+    for cluster in clusters().await {
         buffer_one(Lab::start(cluster, 3, 3)).await;
     }
 }
@@ -959,7 +958,7 @@ fn exits_within(replica: &mut Replica, limit: Duration) -> bool {
 /// A sweep of delays from the start, on the real API server.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_at_any_moment_of_start_up_ends_the_replica() {
-    let cluster = Cluster::local_on("east", NodeKind::Real).await;
+    let cluster = Cluster::local("east").await;
     let nodes = RedisNodes::start(1, Persistence::None).expect("start redis-server");
     let dir = tempfile::tempdir().expect("dir");
     let mut hung = Vec::new();
@@ -1044,7 +1043,7 @@ fn sigterm_ends_a_replica_whose_api_server_cannot_be_reached() {
 /// only with the new material.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn certificates_and_the_password_rotate_with_no_run_missed_or_doubled() {
-    for cluster in clusters(NodeKind::Real).await {
+    for cluster in clusters().await {
         rotation(cluster).await;
     }
 }

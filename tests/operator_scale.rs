@@ -9,7 +9,6 @@ mod support;
 
 use e2e::{check, clusters, logs_of, Lab};
 use kube::api::{Api, PostParams};
-use localcluster::NodeKind;
 use lockedjob::api::LockedJob;
 use nix::sys::signal::Signal;
 
@@ -17,7 +16,7 @@ use nix::sys::signal::Signal;
 /// runs every due time inside the observed window, exactly once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_hundred_lockedjobs_over_three_replicas_each_run_once_per_due_time() {
-    for cluster in clusters(NodeKind::Real).await {
+    for cluster in clusters().await {
         two_hundred(Lab::start(cluster, 5, 3)).await;
     }
 }
@@ -25,8 +24,8 @@ async fn two_hundred_lockedjobs_over_three_replicas_each_run_once_per_due_time()
 async fn two_hundred(lab: Lab) {
     const COUNT: usize = 200;
     let c = &lab.cluster;
-    // A minute: on two cores the real control plane (Job controller, scheduler, API server,
-    // node agent) carries about 3 runs/s beside three debug-build replicas and five Redis
+    // A minute (two at the local pace): on two cores the real control plane (Job controller,
+    // scheduler, API server, the node) carries about 3 runs/s beside three debug-build replicas and five Redis
     // nodes; at 10 runs/s (a 20 s period) a Job took ~40 s from creation to completion, and
     // concurrencyPolicy Forbid rightly held the next due time back.
     const PERIOD_S: u32 = 60;
@@ -34,8 +33,8 @@ async fn two_hundred(lab: Lab) {
     let api: Api<LockedJob> = c.api();
     for i in 0..COUNT {
         let mut lj = c.journaled(&format!("many-{i:03}"), &c.every(PERIOD_S), "c1", None, 0.0);
-        // Not the 6 s of the fault scenarios: when 200 runs fall due at once, the node
-        // agent's 200 processes can starve the replicas of the cores for seconds, and a
+        // Not the 6 s of the fault scenarios: when 200 runs fall due at once, their 200 pods
+        // can starve the replicas of the cores for seconds, and a
         // starved holder rightly gives its lease up. This scenario is about scale.
         lj.spec.lock.ttl_seconds = c.secs(30.0).as_secs() as i32;
         api.create(&PostParams::default(), &lj)

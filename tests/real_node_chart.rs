@@ -21,7 +21,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Namespace, Pod, Secret, Service};
 use kube::api::{Api, DeleteParams, ListParams, LogParams, PostParams};
 use kube::ResourceExt;
-use localcluster::{LocalCluster, NodeKind, Options};
+use localcluster::{LocalCluster, Options};
 use lockedjob::api::LockedJob;
 use lockedjob::cli::elect::{lease_name, DEFAULT_RECORD_VALIDITY};
 use serde_json::json;
@@ -42,9 +42,7 @@ use support::{chart_app_version, chart_field};
 /// `helm package` and `helm push` of the chart to the cluster's registry; its `oci://`
 /// repository.
 fn publish_chart(cluster: &LocalCluster) -> String {
-    let registry = cluster
-        .registry()
-        .expect("a real node's cluster has a registry");
+    let registry = cluster.registry();
     let dir = tempfile::tempdir().expect("temporary directory");
     let dir_arg = dir.path().to_str().expect("utf-8 path");
     tool(
@@ -98,7 +96,6 @@ fn repo(path: &str) -> std::path::PathBuf {
 async fn cluster() -> &'static LocalCluster {
     tokio::task::spawn_blocking(|| {
         localcluster::shared_with("chart-real", || Options {
-            node: NodeKind::Real,
             nodes: REDIS_NODES as u8,
             images: BTreeMap::from([(
                 format!("{IMAGE}:{}", chart_app_version()),

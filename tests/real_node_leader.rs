@@ -26,7 +26,7 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Api, DeleteParams, PostParams};
 use kube::runtime::watcher;
 use kube::ResourceExt;
-use localcluster::{LocalCluster, NodeKind, Options};
+use localcluster::{LocalCluster, Options};
 use serde_json::json;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
@@ -332,7 +332,6 @@ fn example_image() -> String {
 async fn start_cluster(name: &'static str) -> LocalCluster {
     tokio::task::spawn_blocking(move || {
         LocalCluster::start(Options {
-            node: NodeKind::Real,
             nodes: 1,
             images: BTreeMap::from([(example_image(), support::lockedjob_bin())]),
             ..Options::named(name)

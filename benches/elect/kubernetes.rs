@@ -11,7 +11,7 @@
 //! After each crash the killed pod is deleted too, so the Deployment gives the next trial a
 //! fresh standby instead of a container in restart back-off.
 
-use localcluster::{LocalCluster, NodeKind, Options};
+use localcluster::{LocalCluster, Options};
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
@@ -180,7 +180,6 @@ fn leader(cluster: &LocalCluster, redis: &[String]) -> (String, String) {
 pub fn failovers(trials: usize) -> Vec<(&'static str, Vec<Duration>)> {
     let image = "ghcr.io/lockedjob/lockedjob-operator:bench";
     let cluster = LocalCluster::start(Options {
-        node: NodeKind::Real,
         nodes: 2,
         images: BTreeMap::from([(image.to_string(), crate::support::lockedjob_bin())]),
         ..Options::named("elect")

@@ -1,8 +1,7 @@
 //! One local control plane. Its processes are started from a thread of the cluster's own (so
 //! `PR_SET_PDEATHSIG` ties them to the cluster, not to whichever test thread asked), which also
-//! runs the node agent; dropping the `LocalCluster` stops everything and removes its directory.
+//! starts the real nodes; dropping the `LocalCluster` stops everything and removes its directory.
 
-use crate::agent::{AgentConfig, NodeAgent};
 use crate::node::{NodeStart, PreparedNodes, RealNodes};
 use crate::process::Daemon;
 use crate::{free_port, Binaries, Error, Pki};
@@ -24,28 +23,17 @@ pub struct Options {
     pub dir: Option<PathBuf>,
     /// How long to wait for each component to become ready.
     pub ready_timeout: Duration,
-    /// Images that run a program of this machine. With the node agent: repository (no tag)
-    /// -> the program its containers run when they name no command. With a real node: image
-    /// reference (`repository:tag`; no tag means `latest`) -> the program an image is built
-    /// of (with its shared libraries, as distroless/cc holds it) and imported under that name.
+    /// Images that run a program of this machine: image reference (`repository:tag`; no tag
+    /// means `latest`) -> the program an image is built of (with its shared libraries, as
+    /// distroless/cc holds it) and pushed to the cluster's registry under that name.
     pub images: BTreeMap<String, PathBuf>,
     /// Write kube-apiserver's audit log (Metadata level: who, what, when; no bodies) to
     /// `audit.log` in the cluster directory. Benchmarks count API requests per client from it.
     pub audit_log: bool,
-    /// What runs the pods.
-    pub node: NodeKind,
-    /// How many real nodes (1 to `node::MAX_NODES`); the agent is always one node.
+    /// How many nodes (1 to `node::MAX_NODES`): each a kubelet with containerd and runc and
+    /// kube-proxy, in a network namespace of its own (`node/`); the API server listens on
+    /// their link.
     pub nodes: u8,
-}
-
-/// What runs a cluster's pods.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum NodeKind {
-    /// The node agent: pods as local processes (`agent/`), no root needed.
-    Agent,
-    /// A kubelet with containerd and runc, kube-proxy and CoreDNS, in a network namespace of
-    /// its own (`node/`). Needs root; the API server then listens on the node's link.
-    Real,
 }
 
 impl Options {
@@ -57,7 +45,6 @@ impl Options {
             ready_timeout: Duration::from_secs(180),
             images: BTreeMap::new(),
             audit_log: false,
-            node: NodeKind::Agent,
             nodes: 1,
         }
     }
@@ -87,8 +74,8 @@ pub struct LocalCluster {
     name: String,
     apiserver_ip: Ipv4Addr,
     apiserver_port: u16,
-    /// With real nodes: the image registry they pull from.
-    registry: Option<SocketAddrV4>,
+    /// The image registry the nodes pull from.
+    registry: SocketAddrV4,
     token: String,
     version: String,
     requests: mpsc::UnboundedSender<Request>,
@@ -172,23 +159,16 @@ impl Layout {
             "--kubelet-preferred-address-types=InternalIP".into(),
             "--allow-privileged=true".into(),
             "--profiling=false".into(),
+            format!(
+                "--kubelet-client-certificate={}",
+                p.node.apiserver_kubelet_client.cert.display()
+            ),
+            format!(
+                "--kubelet-client-key={}",
+                p.node.apiserver_kubelet_client.key.display()
+            ),
+            format!("--kubelet-certificate-authority={}", p.ca_cert.display()),
         ];
-        match &self.pki.node {
-            Some(node) => args.extend([
-                format!(
-                    "--kubelet-client-certificate={}",
-                    node.apiserver_kubelet_client.cert.display()
-                ),
-                format!(
-                    "--kubelet-client-key={}",
-                    node.apiserver_kubelet_client.key.display()
-                ),
-                format!("--kubelet-certificate-authority={}", p.ca_cert.display()),
-            ]),
-            // The `kubernetes` Service's endpoints would name 127.0.0.1, which the API refuses
-            // for Endpoints; in-cluster clients get the address from the node agent instead.
-            None => args.push("--endpoint-reconciler-type=none".into()),
-        }
         if self.audit_log {
             args.extend([
                 format!(
@@ -278,7 +258,7 @@ pub async fn client_for(kubeconfig: &Path) -> Result<kube::Client, Error> {
 }
 
 impl LocalCluster {
-    /// Starts a control plane and its node agent and waits until the API server is ready and
+    /// Starts a control plane and its nodes and waits until the API server is ready and
     /// the node is registered. Blocks: from async code call it in `spawn_blocking`.
     pub fn start(options: Options) -> Result<Self, Error> {
         // Ports are picked free and bound by the components a moment later; another process
@@ -316,22 +296,16 @@ impl LocalCluster {
             ),
         };
         let path = dir.path().to_path_buf();
-        let prepared = match options.node {
-            NodeKind::Real => Some(crate::node::prepare(&path, options.nodes)?),
-            NodeKind::Agent => None,
-        };
-        let identity = prepared.as_ref().map(|p| p.identity(&options.name));
-        let pki = Pki::generate(&path.join("pki"), identity.as_ref())?;
+        let prepared = crate::node::prepare(&path, options.nodes)?;
+        let pki = Pki::generate(&path.join("pki"), &prepared.identity(&options.name))?;
         let token = random_hex();
         let tokens = path.join("tokens.csv");
         std::fs::write(&tokens, format!("{token},admin,admin,system:masters\n"))
             .map_err(|e| Error::io("write the token file", e))?;
         let bin_dir = bins.dir().to_path_buf();
-        let (apiserver_ip, service_cidr) = match &prepared {
-            Some(p) => (p.subnets().host_ip(), p.subnets().service_cidr()),
-            None => (Ipv4Addr::LOCALHOST, "10.0.0.0/24".to_string()),
-        };
-        let registry = prepared.as_ref().map(PreparedNodes::registry);
+        let apiserver_ip = prepared.subnets().host_ip();
+        let service_cidr = prepared.subnets().service_cidr();
+        let registry = prepared.registry();
         let layout = Layout {
             bins,
             etcd_client_port: port()?,
@@ -443,10 +417,10 @@ impl LocalCluster {
         self.apiserver_ip
     }
 
-    /// With real nodes, the image registry (`IP:PORT`, plain HTTP) their containerd pulls
-    /// every image from, the images of `Options::images` and the node's own already pushed;
+    /// The image registry (`IP:PORT`, plain HTTP) the nodes' containerd pulls every image
+    /// from, the images of `Options::images` and the node's own already pushed;
     /// `helm push CHART oci://IP:PORT/charts --plain-http` publishes a chart there.
-    pub fn registry(&self) -> Option<SocketAddrV4> {
+    pub fn registry(&self) -> SocketAddrV4 {
         self.registry
     }
 
@@ -511,11 +485,11 @@ impl Drop for LocalCluster {
     }
 }
 
-/// The cluster's thread: starts the processes and the agent, then serves requests until
+/// The cluster's thread: starts the processes and the nodes, then serves requests until
 /// shutdown. Processes started here die with this thread (PDEATHSIG) if anything goes wrong.
 fn run_cluster(
     layout: Layout,
-    prepared: Option<PreparedNodes>,
+    prepared: PreparedNodes,
     name: String,
     timeout: Duration,
     mut requests: mpsc::UnboundedReceiver<Request>,
@@ -559,7 +533,7 @@ fn run_cluster(
             let Some(request) = request else { break };
             match request {
                 Request::StopApiserver(reply) => {
-                    // Blocks the agent for the few seconds kube-apiserver takes to stop:
+                    // Blocks this thread for the few seconds kube-apiserver takes to stop:
                     // nothing it does matters while the API server is going away.
                     if let Some(mut apiserver) = started.apiserver.take() {
                         apiserver.stop(Duration::from_secs(5));
@@ -578,11 +552,9 @@ fn run_cluster(
                 Request::Shutdown => break,
             }
         }
-        match started.node.take() {
-            Some(NodeRuntime::Agent(agent)) => agent.stop().await,
-            Some(NodeRuntime::Real(node)) => drop(node),
-            None => {}
-        }
+        // The nodes first (their pods go with them), then the controllers, so none of them
+        // acts on a half-stopped cluster.
+        drop(started.node.take());
         // Controllers first, so none of them acts on a half-stopped cluster.
         for mut daemon in started.daemons.drain(..).rev() {
             daemon.stop(Duration::from_secs(2));
@@ -599,13 +571,8 @@ struct Started {
     apiserver: Option<Daemon>,
     /// Controller manager and scheduler.
     daemons: Vec<Daemon>,
-    node: Option<NodeRuntime>,
+    node: Option<RealNodes>,
     version: String,
-}
-
-enum NodeRuntime {
-    Agent(NodeAgent),
-    Real(RealNodes),
 }
 
 impl Started {
@@ -615,16 +582,13 @@ impl Started {
             .chain(self.apiserver.as_mut())
             .chain(self.daemons.iter_mut());
         crate::process::all_alive(control_plane)?;
-        match &mut self.node {
-            Some(NodeRuntime::Real(node)) => node.check_alive(),
-            _ => Ok(()),
-        }
+        self.node.as_mut().map_or(Ok(()), RealNodes::check_alive)
     }
 }
 
 async fn start_control_plane(
     layout: &Layout,
-    prepared: Option<PreparedNodes>,
+    prepared: PreparedNodes,
     name: &str,
     timeout: Duration,
 ) -> Result<Started, Error> {
@@ -638,60 +602,29 @@ async fn start_control_plane(
         )?,
         layout.spawn("kube-scheduler", &layout.component_args(ports[1]))?,
     ];
-    let client = client_for(&layout.kubeconfig).await?;
-    let node_name = format!("{name}-node");
-    let node = match prepared {
-        Some(prepared) => {
-            let server = layout.server();
-            NodeRuntime::Real(
-                RealNodes::start(
-                    prepared,
-                    NodeStart {
-                        cluster_name: name,
-                        bin_dir: layout.bins.dir(),
-                        pki: &layout.pki,
-                        server: &server,
-                        admin_kubeconfig: &layout.kubeconfig,
-                        images: &layout.images,
-                        client,
-                        timeout,
-                    },
-                )
-                .await?,
-            )
-        }
-        None => NodeRuntime::Agent(
-            NodeAgent::start(
-                client,
-                AgentConfig {
-                    node_name,
-                    kubelet_version: version.clone(),
-                    dir: layout.dir.join("node"),
-                    cert: layout.pki.kubelet_cert.clone(),
-                    key: layout.pki.kubelet_key.clone(),
-                    apiserver_port: layout.apiserver_port,
-                    ca_cert: layout.pki.ca_cert.clone(),
-                    // The agent matches any tag of a repository.
-                    images: layout
-                        .images
-                        .iter()
-                        .map(|(image, program)| {
-                            (
-                                crate::agent::repository_of(image).to_string(),
-                                program.clone(),
-                            )
-                        })
-                        .collect(),
-                },
-            )
-            .await?,
-        ),
-    };
+    // Before the nodes: their CoreDNS waits on the scheduler, so a controller that could not
+    // start would show as a timeout minutes later instead of its own log now.
     for (daemon, port) in daemons.iter_mut().zip(ports) {
         daemon
             .wait_listening((Ipv4Addr::LOCALHOST, port).into(), timeout)
             .await?;
     }
+    let client = client_for(&layout.kubeconfig).await?;
+    let server = layout.server();
+    let node = RealNodes::start(
+        prepared,
+        NodeStart {
+            cluster_name: name,
+            bin_dir: layout.bins.dir(),
+            pki: &layout.pki,
+            server: &server,
+            admin_kubeconfig: &layout.kubeconfig,
+            images: &layout.images,
+            client,
+            timeout,
+        },
+    )
+    .await?;
     let mut started = Started {
         etcd,
         apiserver: Some(apiserver),

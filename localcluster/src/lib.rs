@@ -1,9 +1,8 @@
 //! A real local Kubernetes cluster, for lockedjob-operator's tests and for people trying the
 //! operator: etcd, kube-apiserver, kube-controller-manager and kube-scheduler, built from Go
 //! modules by `scripts/k8s-bins.sh`, each a process in a directory of the cluster's own; and
-//! either real nodes (`node/`: kubelet, containerd, runc, kube-proxy, CoreDNS, in network
-//! namespaces of their own; root only) or the node agent (`agent/`, the simulated part), which
-//! registers a Node and runs the pods the real scheduler binds to it as local processes.
+//! real nodes (`node/`: kubelet, containerd, runc, kube-proxy, CoreDNS, in network namespaces
+//! of their own, pulling images from the cluster's registry). Needs root.
 //!
 //! Test support and a dev tool, not product code: nothing in the `lockedjob` crate uses it.
 //!
@@ -13,7 +12,6 @@
 //! # Ok::<(), localcluster::Error>(())
 //! ```
 
-pub mod agent;
 mod binaries;
 mod cluster;
 pub mod node;
@@ -22,7 +20,7 @@ mod ports;
 mod process;
 
 pub use binaries::{Binaries, BIN_DIR_ENV};
-pub use cluster::{shared, shared_with, LocalCluster, NodeKind, Options};
+pub use cluster::{shared, shared_with, LocalCluster, Options};
 pub use pki::Pki;
 pub use ports::free_port;
 

@@ -1,8 +1,8 @@
-//! `localcluster up DIR` starts a local control plane and node agent in the foreground (until
+//! `localcluster up DIR` starts a local control plane and its nodes in the foreground (until
 //! Ctrl-C or `localcluster down DIR`); `DIR/kubeconfig` reaches it.
 
 use clap::{Parser, Subcommand};
-use localcluster::{Binaries, LocalCluster, NodeKind, Options};
+use localcluster::{Binaries, LocalCluster, Options};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use std::path::{Path, PathBuf};
@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 #[derive(Parser)]
 #[command(
-    about = "A real local Kubernetes cluster: control plane and a node (kubelet, containerd, runc), or the node agent that runs pods as local processes"
+    about = "A real local Kubernetes cluster: control plane and nodes (kubelet, containerd, runc, kube-proxy, CoreDNS; needs root)"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -29,28 +29,17 @@ enum Command {
         /// Directory of the binaries (default: $LOCKEDJOB_K8S_BIN, else scripts/k8s-bins.sh).
         #[arg(long)]
         bin: Option<PathBuf>,
-        /// What runs the pods: a real node (kubelet, containerd, runc, kube-proxy, CoreDNS;
-        /// needs root) or the node agent (pods as local processes).
-        #[arg(long, value_enum, default_value_t = Node::Real)]
-        node: Node,
-        /// How many real nodes (each a kubelet, containerd and kube-proxy of its own).
+        /// How many nodes (each a kubelet, containerd and kube-proxy of its own).
         #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=i64::from(localcluster::node::MAX_NODES)))]
         nodes: u8,
         /// IMAGE=PROGRAM, e.g. ghcr.io/lockedjob/lockedjob-operator:0.1.0=target/debug/lockedjob.
-        /// A real node gets an image of that name holding PROGRAM and its shared libraries;
-        /// the node agent runs PROGRAM for containers of that repository (any tag) that name
-        /// no command.
+        /// The cluster's registry gets an image of that name holding PROGRAM and its shared
+        /// libraries, which the nodes pull.
         #[arg(long = "image", value_parser = parse_image)]
         images: Vec<(String, PathBuf)>,
     },
     /// Stop the cluster started with `up DIR`.
     Down { dir: PathBuf },
-}
-
-#[derive(Clone, Copy, clap::ValueEnum)]
-enum Node {
-    Real,
-    Agent,
 }
 
 const PID_FILE: &str = "localcluster.pid";
@@ -69,14 +58,9 @@ fn up(
     dir: &Path,
     name: String,
     bin: Option<PathBuf>,
-    node: Node,
     nodes: u8,
     images: Vec<(String, PathBuf)>,
 ) -> Result<(), String> {
-    let node = match node {
-        Node::Real => NodeKind::Real,
-        Node::Agent => NodeKind::Agent,
-    };
     if let Some(pid) = running_pid(dir) {
         return Err(format!(
             "a cluster already runs in {} (pid {pid}): `localcluster down {}` first",
@@ -92,7 +76,7 @@ fn up(
         .filter(|e| {
             let name = e.file_name();
             let name = name.to_string_lossy();
-            name == "etcd" || name == "node" || name.starts_with("node-")
+            name == "etcd" || name.starts_with("node-")
         });
     for entry in stale {
         let _ = std::fs::remove_dir_all(entry.path());
@@ -102,19 +86,14 @@ fn up(
         .transpose()
         .map_err(|e| e.to_string())?;
     let started = Instant::now();
-    let node_parts = match node {
-        NodeKind::Real => "real nodes (containerd, kubelet, kube-proxy; CoreDNS)",
-        NodeKind::Agent => "the node agent",
-    };
     eprintln!(
-        "starting etcd, kube-apiserver, kube-controller-manager, kube-scheduler and {node_parts} in {}",
+        "starting etcd, kube-apiserver, kube-controller-manager, kube-scheduler, a registry and {nodes} node(s) (containerd, kubelet, kube-proxy; CoreDNS) in {}",
         dir.display()
     );
     let cluster = LocalCluster::start(Options {
         binaries,
         dir: Some(dir.to_path_buf()),
         images: images.into_iter().collect(),
-        node,
         nodes,
         ..Options::named(&name)
     })
@@ -194,10 +173,9 @@ fn main() -> ExitCode {
             dir,
             name,
             bin,
-            node,
             nodes,
             images,
-        } => up(&dir, name, bin, node, nodes, images),
+        } => up(&dir, name, bin, nodes, images),
         Command::Down { dir } => down(&dir),
     };
     match result {

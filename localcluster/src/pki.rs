@@ -1,7 +1,7 @@
-//! The cluster's own certificate authority: the API server's serving certificate, the node
-//! agent's kubelet serving certificate and the service-account signing key, written as PEM
-//! files into the cluster's directory; for a real node also the kubelet's and kube-proxy's
-//! client certificates and the one the API server presents to the kubelet.
+//! The cluster's own certificate authority: the API server's serving certificate, the
+//! service-account signing key, each kubelet's serving and client certificates, kube-proxy's
+//! client certificate and the one the API server presents to the kubelets, written as PEM
+//! files into the cluster's directory.
 
 use crate::Error;
 use rcgen::{
@@ -18,12 +18,9 @@ pub struct Pki {
     pub ca_key: PathBuf,
     pub apiserver_cert: PathBuf,
     pub apiserver_key: PathBuf,
-    pub kubelet_cert: PathBuf,
-    pub kubelet_key: PathBuf,
     pub service_account_key: PathBuf,
     pub service_account_pub: PathBuf,
-    /// Only for a real node.
-    pub node: Option<NodeCerts>,
+    pub node: NodeCerts,
 }
 
 /// Who a cluster's real nodes are and where the API server answers them.
@@ -66,8 +63,9 @@ fn pki_error(what: &'static str) -> impl FnOnce(rcgen::Error) -> Error {
     move |source| Error::Pki { what, source }
 }
 
-/// Names the API server answers to: loopback, and the in-cluster names of the `kubernetes`
-/// Service (first address of the service range), so in-cluster clients verify it too.
+/// Names the API server answers to: loopback (a test's proxy in front of it), the in-cluster
+/// names of the `kubernetes` Service, and `extra_ips` (its address on the nodes' link and the
+/// Service's address), so in-cluster clients verify it too.
 fn apiserver_names(extra_ips: &[Ipv4Addr]) -> Vec<SanType> {
     let mut names: Vec<SanType> = [
         "localhost",
@@ -80,7 +78,6 @@ fn apiserver_names(extra_ips: &[Ipv4Addr]) -> Vec<SanType> {
     .filter_map(|n| n.try_into().ok().map(SanType::DnsName))
     .collect();
     names.push(SanType::IpAddress(IpAddr::V4(Ipv4Addr::LOCALHOST)));
-    names.push(SanType::IpAddress(IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1))));
     names.extend(
         extra_ips
             .iter()
@@ -140,21 +137,18 @@ fn pair(dir: &Path, name: &str) -> CertPair {
 }
 
 impl Pki {
-    /// Generates a fresh CA and every certificate and key into `dir` (with a real node's
-    /// certificates when `node` is given).
-    pub fn generate(dir: &Path, node: Option<&NodeIdentity>) -> Result<Self, Error> {
+    /// Generates a fresh CA and every certificate and key into `dir`.
+    pub fn generate(dir: &Path, node: &NodeIdentity) -> Result<Self, Error> {
         std::fs::create_dir_all(dir).map_err(|e| Error::io("create the pki directory", e))?;
         let pki = Self {
             ca_cert: dir.join("ca.crt"),
             ca_key: dir.join("ca.key"),
             apiserver_cert: dir.join("apiserver.crt"),
             apiserver_key: dir.join("apiserver.key"),
-            kubelet_cert: dir.join("kubelet.crt"),
-            kubelet_key: dir.join("kubelet.key"),
             service_account_key: dir.join("sa.key"),
             service_account_pub: dir.join("sa.pub"),
-            node: node.map(|n| NodeCerts {
-                kubelets: (0..n.nodes.len())
+            node: NodeCerts {
+                kubelets: (0..node.nodes.len())
                     .map(|k| KubeletCerts {
                         serving: pair(dir, &format!("kubelet-{k}")),
                         client: pair(dir, &format!("kubelet-{k}-client")),
@@ -162,7 +156,7 @@ impl Pki {
                     .collect(),
                 proxy_client: pair(dir, "kube-proxy-client"),
                 apiserver_kubelet_client: pair(dir, "apiserver-kubelet-client"),
-            }),
+            },
         };
 
         let mut ca_params = CertificateParams::default();
@@ -182,48 +176,38 @@ impl Pki {
         write(&pki.ca_cert, &ca.pem())?;
         write(&pki.ca_key, &ca_key_pem)?;
 
-        let apiserver_ips = node.map(|n| n.apiserver_ips.clone()).unwrap_or_default();
         let serving = pair(dir, "apiserver");
         issue(
             &ca,
             &serving,
             "kube-apiserver",
-            Usage::Server(apiserver_names(&apiserver_ips)),
+            Usage::Server(apiserver_names(&node.apiserver_ips)),
         )?;
-        // The node agent serves on loopback; a real kubelet on the node's address.
-        // The node agent's kubelet endpoint, on loopback.
-        issue(
-            &ca,
-            &pair(dir, "kubelet"),
-            "localcluster-kubelet",
-            Usage::Server(apiserver_names(&[])),
-        )?;
-        if let (Some(n), Some(certs)) = (node, &pki.node) {
-            for ((name, ip), kubelet) in n.nodes.iter().zip(&certs.kubelets) {
-                let dns = name.as_str().try_into().map_err(pki_error("name a node"))?;
-                let names = vec![SanType::IpAddress(IpAddr::V4(*ip)), SanType::DnsName(dns)];
-                issue(&ca, &kubelet.serving, name, Usage::Server(names))?;
-                let user = format!("system:node:{name}");
-                issue(
-                    &ca,
-                    &kubelet.client,
-                    &user,
-                    Usage::Client(Some("system:nodes")),
-                )?;
-            }
+        let certs = &pki.node;
+        for ((name, ip), kubelet) in node.nodes.iter().zip(&certs.kubelets) {
+            let dns = name.as_str().try_into().map_err(pki_error("name a node"))?;
+            let names = vec![SanType::IpAddress(IpAddr::V4(*ip)), SanType::DnsName(dns)];
+            issue(&ca, &kubelet.serving, name, Usage::Server(names))?;
+            let user = format!("system:node:{name}");
             issue(
                 &ca,
-                &certs.proxy_client,
-                "system:kube-proxy",
-                Usage::Client(None),
-            )?;
-            issue(
-                &ca,
-                &certs.apiserver_kubelet_client,
-                "kube-apiserver-kubelet-client",
-                Usage::Client(Some("system:masters")),
+                &kubelet.client,
+                &user,
+                Usage::Client(Some("system:nodes")),
             )?;
         }
+        issue(
+            &ca,
+            &certs.proxy_client,
+            "system:kube-proxy",
+            Usage::Client(None),
+        )?;
+        issue(
+            &ca,
+            &certs.apiserver_kubelet_client,
+            "kube-apiserver-kubelet-client",
+            Usage::Client(Some("system:masters")),
+        )?;
 
         let sa = KeyPair::generate().map_err(pki_error("generate the service-account key"))?;
         write(&pki.service_account_key, &sa.serialize_pem())?;

@@ -1,14 +1,14 @@
 //! The local cluster's acceptance: the pinned version, the built-in APIs, and a Job whose pod
-//! the real Job controller creates, the real scheduler binds, the node agent runs, and whose
+//! the real Job controller creates, the real scheduler binds, the real node runs, and whose
 //! output is read through kube-apiserver's `pods/log`; deletion with a grace period; an
-//! environment resolved from a Secret, a ConfigMap and the pod's fields; restarts.
+//! environment resolved from a Secret, a ConfigMap and the pod's fields; restarts. Needs root.
 
 mod common;
 
 use common::namespace;
 use futures::TryStreamExt;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Pod, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Pod, Secret, Service};
 use kube::api::{Api, DeleteParams, ListParams, LogParams, PostParams};
 use kube::ResourceExt;
 use localcluster::LocalCluster;
@@ -90,7 +90,7 @@ async fn serves_the_pinned_version_and_the_builtin_apis() {
     let node = Api::<Node>::all(client)
         .get(&format!("{}-node", cluster.name()))
         .await
-        .expect("the agent's node");
+        .expect("the cluster's node");
     let ready = node
         .status
         .and_then(|s| s.conditions)
@@ -181,9 +181,17 @@ async fn a_job_runs_to_complete_with_env_and_logs_through_the_api() {
         .logs(&pod.name_any(), &LogParams::default())
         .await
         .expect("pods/log through kube-apiserver");
+    // In-cluster clients find the API server at the `kubernetes` Service's address.
+    let service_ip = Api::<Service>::namespaced(client.clone(), "default")
+        .get("kubernetes")
+        .await
+        .expect("the kubernetes Service")
+        .spec
+        .and_then(|s| s.cluster_ip)
+        .expect("its cluster IP");
     assert_eq!(
         logs.trim(),
-        format!("hello {} hunter2 fast hello 127.0.0.1", pod.name_any())
+        format!("hello {} hunter2 fast hello {service_ip}", pod.name_any())
     );
     let _ = Api::<Namespace>::all(client)
         .delete(&ns, &DeleteParams::background())
@@ -200,7 +208,7 @@ async fn deletion_sends_sigterm_and_a_failing_container_restarts_by_policy() {
         serde_json::from_value(json!({
             "metadata": {"name": name},
             "spec": {"restartPolicy": policy, "terminationGracePeriodSeconds": 20,
-                "containers": [{"name": "main", "image": "x", "command": ["sh", "-c", script]}]}
+                "containers": [{"name": "main", "image": "busybox:1.36", "command": ["sh", "-c", script]}]}
         }))
         .expect("pod")
     };
@@ -306,14 +314,13 @@ async fn deletion_sends_sigterm_and_a_failing_container_restarts_by_policy() {
 fn a_component_that_exits_at_start_fails_the_start_with_its_log() {
     let real = localcluster::Binaries::locate().expect("binaries");
     let dir = tempfile::tempdir().expect("temp dir");
-    for name in [
-        "etcd",
-        "kube-apiserver",
-        "kube-controller-manager",
-        "kubectl",
-        "helm",
-    ] {
-        std::os::unix::fs::symlink(real.path(name), dir.path().join(name)).expect("link");
+    // Every binary but the scheduler, and the version stamps beside them.
+    let every = std::fs::read_dir(real.dir()).expect("the binaries' directory");
+    for entry in every.flatten() {
+        let name = entry.file_name();
+        if name != "kube-scheduler" {
+            std::os::unix::fs::symlink(entry.path(), dir.path().join(&name)).expect("link");
+        }
     }
     let scheduler = dir.path().join("kube-scheduler");
     std::fs::write(

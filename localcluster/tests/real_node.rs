@@ -8,7 +8,7 @@ mod common;
 use common::namespace;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, LogParams, PostParams};
-use localcluster::{LocalCluster, NodeKind, Options};
+use localcluster::{LocalCluster, Options};
 use serde_json::json;
 use std::time::{Duration, Instant};
 
@@ -17,7 +17,6 @@ const WAIT: Duration = Duration::from_secs(90);
 async fn cluster() -> &'static LocalCluster {
     tokio::task::spawn_blocking(|| {
         localcluster::shared_with("real-node", || Options {
-            node: NodeKind::Real,
             nodes: 2,
             ..Options::named("real")
         })

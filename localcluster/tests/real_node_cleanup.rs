@@ -2,7 +2,7 @@
 //! whose owner was killed (kill -9) is cleaned up by the next one that starts. A test binary
 //! of its own, so no other cluster changes the host while it compares. Needs root.
 
-use localcluster::{LocalCluster, NodeKind, Options};
+use localcluster::{LocalCluster, Options};
 use std::io::BufRead;
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -133,7 +133,6 @@ fn host_state() -> HostState {
 
 fn real(name: &str) -> Options {
     Options {
-        node: NodeKind::Real,
         ..Options::named(name)
     }
 }

@@ -14,7 +14,7 @@ use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::api::{Api, DeleteParams, ListParams, LogParams, Patch, PatchParams, PostParams};
 use kube::ResourceExt;
-use localcluster::{Binaries, LocalCluster, NodeKind, Options};
+use localcluster::{Binaries, LocalCluster, Options};
 use lockedjob::api::LockedJob;
 use lockedjob::lab::harness::{FaultProxy, Persistence, RedisNodes};
 use serde_json::json;
@@ -272,7 +272,6 @@ async fn start_side(id: &'static str, lockedjob: &Path, bins: &Binaries) -> Resu
     let image = format!("{IMAGE}:{}", chart_app_version()?);
     let options = Options {
         binaries: Some(bins.clone()),
-        node: NodeKind::Real,
         images: BTreeMap::from([(image, lockedjob.to_path_buf())]),
         ..Options::named(id)
     };

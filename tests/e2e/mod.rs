@@ -1,6 +1,6 @@
 //! Shared by the end-to-end suites: where they run (the local control plane — real
-//! kube-apiserver, etcd, controller manager and scheduler, with the node agent running pods as
-//! processes — and the external cluster of `LOCKEDJOB_E2E_KUBECONFIG` when set), operator
+//! kube-apiserver, etcd, controller manager and scheduler, with a real node running the pods —
+//! and the external cluster of `LOCKEDJOB_E2E_KUBECONFIG` when set), operator
 //! replica processes each behind a fault proxy of its own, a lab of Redis nodes + one cluster +
 //! replicas, LockedJobs that journal their runs, the journal reader and its checker.
 //!
@@ -10,14 +10,13 @@
 
 use super::support::kubernetes::{
     client_for, create_namespace, eventually, install_lockedjob_crd, local_cluster,
-    real_node_cluster,
 };
 use super::support::{self, FaultProxy, Persistence, RedisNodes};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::api::{Api, DeleteParams, ListParams, LogParams, Patch, PatchParams};
 use kube::ResourceExt;
-use localcluster::{LocalCluster, NodeKind};
+use localcluster::LocalCluster;
 use lockedjob::api::LockedJob;
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
@@ -30,9 +29,9 @@ use std::time::Duration;
 
 /// Names an external cluster to run the scenarios against too (opt-in).
 pub const KUBECONFIG_ENV: &str = "LOCKEDJOB_E2E_KUBECONFIG";
-/// How much slower than the local cluster the external one's scenarios run (its pods pull
-/// images and take seconds to start): schedules, run lengths, TTLs and waits are multiplied by
-/// it. Default 3; a local cluster runs at 2 with a real node, at 1 with the node agent.
+/// How much slower than written the external cluster's scenarios run (its pods pull images and
+/// take seconds to start): schedules, run lengths, TTLs and waits are multiplied by it.
+/// Default 3; the local cluster runs at `LOCAL_PACE`.
 pub const PACE_ENV: &str = "LOCKEDJOB_E2E_PACE";
 /// Label on the journaling pods, for the journal reader.
 const JOURNAL_LABEL: &str = "lockedjob-e2e/journal";
@@ -40,6 +39,9 @@ const JOURNAL_LABEL: &str = "lockedjob-e2e/journal";
 const JOURNAL_TAG: &str = "lockedjob-journal";
 /// `now`: the wall clock in seconds with microseconds, in a pod's shell.
 const NOW: &str = localcluster::SHELL_NOW;
+
+/// How much slower than written a scenario runs on the local cluster (see `Cluster::local`).
+const LOCAL_PACE: u32 = 2;
 
 /// Where a scenario runs: a fresh namespace of the local control plane, or of the external
 /// cluster. The namespace is deleted on drop.
@@ -56,22 +58,13 @@ pub struct Cluster {
 }
 
 impl Cluster {
-    /// A fresh namespace on the local control plane shared under `name` by this test process,
-    /// its pods run by the node agent.
+    /// A fresh namespace on the local cluster shared under `name` by this test process. It
+    /// runs at pace 2: a Job of a 0.3 s command took about 3.5 s from creation to completion
+    /// on its real node (sandbox, network, container, the Job controller's count), which a
+    /// 2-second schedule does not leave room for.
     pub async fn local(name: &'static str) -> Self {
-        Self::local_on(name, NodeKind::Agent).await
-    }
-
-    /// A fresh namespace on the local control plane shared under `name` by this test process,
-    /// with `node` running its pods. A real node runs at pace 2: a Job of a 0.3 s command took
-    /// about 3.5 s from creation to completion there (sandbox, network, container, the Job
-    /// controller's count), which a 2-second schedule does not leave room for.
-    pub async fn local_on(name: &'static str, node: NodeKind) -> Self {
-        let (local, pace) = match node {
-            NodeKind::Real => (real_node_cluster(name).await, 2),
-            NodeKind::Agent => (local_cluster(name).await, 1),
-        };
-        let mut cluster = Self::in_namespace_of(&local.kubeconfig(), pace).await;
+        let local = local_cluster(name).await;
+        let mut cluster = Self::in_namespace_of(&local.kubeconfig(), LOCAL_PACE).await;
         cluster.name = format!("local cluster {name}");
         cluster.local = Some(local);
         cluster
@@ -236,8 +229,8 @@ fn external_kubeconfig() -> Option<PathBuf> {
 }
 
 /// The local control plane, and the external cluster when `LOCKEDJOB_E2E_KUBECONFIG` names one.
-pub async fn clusters(node: NodeKind) -> Vec<Cluster> {
-    let mut list = vec![Cluster::local_on("east", node).await];
+pub async fn clusters() -> Vec<Cluster> {
+    let mut list = vec![Cluster::local("east").await];
     if let Some(path) = external_kubeconfig() {
         list.push(Cluster::external(&path).await);
     }
@@ -246,9 +239,9 @@ pub async fn clusters(node: NodeKind) -> Vec<Cluster> {
 
 /// Two clusters sharing one set of Redis nodes: two local control planes; on the external
 /// cluster, two namespaces of it whose replicas use different cluster ids.
-pub async fn cluster_pairs(node: NodeKind) -> Vec<(Cluster, Cluster)> {
-    let east = Cluster::local_on("east", node).await;
-    let mut list = vec![(east, Cluster::local_on("west", node).await)];
+pub async fn cluster_pairs() -> Vec<(Cluster, Cluster)> {
+    let east = Cluster::local("east").await;
+    let mut list = vec![(east, Cluster::local("west").await)];
     if let Some(path) = external_kubeconfig() {
         list.push((
             Cluster::external(&path).await,

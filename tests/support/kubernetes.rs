@@ -1,6 +1,6 @@
-//! Kubernetes for the tests: the local control plane (real kube-apiserver, etcd, controller
-//! manager and scheduler, and a real node or the node agent; see `localcluster/`), clients, the
-//! LockedJob CRD, namespaces of a test's own.
+//! Kubernetes for the tests: the local cluster (real kube-apiserver, etcd, controller manager
+//! and scheduler, and a real node; see `localcluster/`), clients, the LockedJob CRD,
+//! namespaces of a test's own.
 
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, DeleteParams, PostParams};
@@ -10,26 +10,13 @@ use std::path::Path;
 use std::time::Duration;
 
 /// The local cluster this test process shares under `name` (started on first use, stopped at
-/// exit), its pods run by the node agent. Two names are two independent control planes.
+/// exit), with a real node (kubelet, containerd, runc, kube-proxy, CoreDNS). Two names are two
+/// independent clusters. Needs root.
 pub async fn local_cluster(name: &'static str) -> &'static LocalCluster {
-    shared_cluster(name, localcluster::NodeKind::Agent).await
-}
-
-/// Like [`local_cluster`], with a real node (kubelet, containerd, runc, kube-proxy, CoreDNS)
-/// instead of the node agent: for tests of what a node does with pods. Needs root.
-pub async fn real_node_cluster(name: &'static str) -> &'static LocalCluster {
-    shared_cluster(name, localcluster::NodeKind::Real).await
-}
-
-async fn shared_cluster(name: &'static str, node: localcluster::NodeKind) -> &'static LocalCluster {
-    let options = move || localcluster::Options {
-        node,
-        ..localcluster::Options::named(name)
-    };
-    tokio::task::spawn_blocking(move || localcluster::shared_with(name, options))
+    tokio::task::spawn_blocking(move || localcluster::shared(name))
         .await
         .expect("join the cluster start")
-        .unwrap_or_else(|e| panic!("start the local cluster {name} ({node:?} node): {e}"))
+        .unwrap_or_else(|e| panic!("start the local cluster {name}: {e}"))
 }
 
 /// A kube client from a kubeconfig file.

@@ -76,11 +76,7 @@ impl Machine {
                 .map_err(io("create a node's directories"))?;
         }
         std::fs::create_dir_all(&self.state).map_err(io("create a node's state directory"))?;
-        let node_certs = s
-            .pki
-            .node
-            .as_ref()
-            .ok_or_else(|| Error::Host("the cluster's PKI has no node certificates".into()))?;
+        let node_certs = &s.pki.node;
         let paths = self.paths();
         let kubelet = config::KubeletSettings {
             paths: &paths,

@@ -149,11 +149,7 @@ impl RealNodes {
     pub async fn start(prepared: PreparedNodes, s: NodeStart<'_>) -> Result<Self, Error> {
         let subnets = prepared.subnets();
         let names = prepared.node_names(s.cluster_name);
-        let certs = s
-            .pki
-            .node
-            .as_ref()
-            .ok_or_else(|| Error::Host("the cluster's PKI has no node certificates".into()))?;
+        let certs = &s.pki.node;
         host::create_cgroups(&subnets, prepared.network.nodes)?;
         let state_root = host::state_dir(&subnets);
         let registry = Registry::start(
