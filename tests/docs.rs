@@ -1,6 +1,8 @@
 //! The docs hold together: every `docs/design.md, "Section"` the code cites is a heading there,
 //! and every relative link in README.md and docs/ reaches a file (and its heading, with `#`).
 
+mod support;
+
 use std::path::{Path, PathBuf};
 
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
@@ -193,12 +195,7 @@ fn anchors_follow_githubs_rule() {
 /// forgets the README would send users to a package `helm package` no longer makes).
 #[test]
 fn the_readmes_chart_version_is_the_charts() {
-    let chart = read(&Path::new(ROOT).join("charts/lockedjob-operator/Chart.yaml"));
-    let version = chart
-        .lines()
-        .find_map(|l| l.strip_prefix("version:"))
-        .map(|v| v.trim().trim_matches('"').to_string())
-        .expect("Chart.yaml has a version");
+    let version = support::chart_field("version");
     let readme = read(&Path::new(ROOT).join("README.md"));
     let named: Vec<&str> = readme
         .split("lockedjob-operator-")

@@ -151,7 +151,6 @@ impl Tools {
 struct LockNodes {
     nodes: RedisNodes,
     proxies: Vec<FaultProxy>,
-    scheme: &'static str,
 }
 
 impl LockNodes {
@@ -162,24 +161,18 @@ impl LockNodes {
             .map(|node| FaultProxy::start_on(local.host_ip().into(), &node.addr()))
             .collect::<Result<Vec<_>, _>>()
             .expect("proxies on the host's link");
-        let scheme = if nodes.urls().iter().all(|u| u.starts_with("rediss://")) {
-            "rediss"
-        } else {
-            "redis"
-        };
-        Self {
-            nodes,
-            proxies,
-            scheme,
-        }
+        Self { nodes, proxies }
     }
 
-    /// The URLs the chart's pods use, as `redis.external` takes them (JSON).
+    /// The URLs the chart's pods use, as `redis.external` takes them (JSON): each node's own
+    /// scheme, at its proxy's address.
     fn external(&self) -> String {
-        let urls: Vec<String> = self
-            .proxies
-            .iter()
-            .map(|p| format!("{}://{}", self.scheme, p.addr()))
+        let urls: Vec<String> = (self.nodes.urls().iter())
+            .zip(&self.proxies)
+            .map(|(url, proxy)| {
+                let scheme = url.split_once("://").map_or("redis", |(s, _)| s);
+                format!("{scheme}://{}", proxy.addr())
+            })
             .collect();
         serde_json::to_string(&urls).expect("json")
     }

@@ -552,10 +552,9 @@ fn run_cluster(
                 Request::Shutdown => break,
             }
         }
-        // The nodes first (their pods go with them), then the controllers, so none of them
-        // acts on a half-stopped cluster.
+        // The nodes (their pods go with them), then the controllers, so none of them acts on
+        // a half-stopped cluster.
         drop(started.node.take());
-        // Controllers first, so none of them acts on a half-stopped cluster.
         for mut daemon in started.daemons.drain(..).rev() {
             daemon.stop(Duration::from_secs(2));
         }

@@ -143,22 +143,49 @@ pub fn write_archives(specs: &[ImageSpec], work: &Path) -> Result<Vec<(String, P
         .collect()
 }
 
-/// Imports the archives into containerd at `socket`.
-pub fn import(archives: &[(String, PathBuf)], bin_dir: &Path, socket: &str) -> Result<(), Error> {
+/// Imports the archives into containerd at `socket`, in its `namespace` (`k8s.io` is the
+/// kubelet's).
+pub fn import(
+    archives: &[(String, PathBuf)],
+    bin_dir: &Path,
+    socket: &str,
+    namespace: &str,
+) -> Result<(), Error> {
     for (name, archive) in archives {
-        let output = Command::new(bin_dir.join("ctr"))
-            .args(["--address", socket, "-n", "k8s.io", "images", "import"])
-            .arg(archive)
-            .output()
-            .map_err(|e| Error::io("run ctr images import", e))?;
-        if !output.status.success() {
-            return Err(Error::Host(format!(
-                "ctr images import {name}: {}",
-                String::from_utf8_lossy(&output.stderr).trim()
-            )));
-        }
+        let archive = archive.display().to_string();
+        ctr(
+            bin_dir,
+            socket,
+            namespace,
+            &["images", "import", &archive],
+            name,
+        )?;
     }
     Ok(())
+}
+
+/// `ctr --address SOCKET -n NAMESPACE ARGS...`; a failure names its first two arguments, the
+/// image it was about and ctr's message.
+pub fn ctr(
+    bin_dir: &Path,
+    socket: &str,
+    namespace: &str,
+    args: &[&str],
+    image: &str,
+) -> Result<(), Error> {
+    let output = Command::new(bin_dir.join("ctr"))
+        .args(["--address", socket, "-n", namespace])
+        .args(args)
+        .output()
+        .map_err(|e| Error::io("run ctr", e))?;
+    if output.status.success() {
+        return Ok(());
+    }
+    let command = args.iter().take(2).copied().collect::<Vec<_>>().join(" ");
+    Err(Error::Host(format!(
+        "ctr {command} {image}: {}",
+        String::from_utf8_lossy(&output.stderr).trim()
+    )))
 }
 
 fn sha256_hex(bytes: &[u8]) -> String {

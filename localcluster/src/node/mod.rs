@@ -243,7 +243,7 @@ impl RealNodes {
                 .push(&pulled, s.bin_dir, &first.containerd_socket())?;
         }
         for machine in &self.machines {
-            images::import(&sandbox, s.bin_dir, &machine.containerd_socket())?;
+            images::import(&sandbox, s.bin_dir, &machine.containerd_socket(), "k8s.io")?;
         }
         std::fs::remove_dir_all(&work).map_err(|e| Error::io("remove the image archives", e))
     }

@@ -7,6 +7,7 @@
 //! node's network namespace, where 127.0.0.1 is the node's own loopback. Plain HTTP: nothing
 //! but this machine reaches that address.
 
+use super::images;
 use crate::process::Daemon;
 use crate::Error;
 use std::net::SocketAddrV4;
@@ -59,26 +60,11 @@ impl Registry {
         bin_dir: &Path,
         socket: &str,
     ) -> Result<(), Error> {
-        for (name, archive) in archives {
-            let ctr = |args: &[&str]| {
-                let output = Command::new(bin_dir.join("ctr"))
-                    .args(["--address", socket, "-n", PUSH_NAMESPACE])
-                    .args(args)
-                    .output()
-                    .map_err(|e| Error::io("run ctr", e))?;
-                if output.status.success() {
-                    return Ok(());
-                }
-                Err(Error::Host(format!(
-                    "ctr {} ({name}): {}",
-                    args.first().copied().unwrap_or_default(),
-                    String::from_utf8_lossy(&output.stderr).trim()
-                )))
-            };
-            let archive = archive.display().to_string();
-            ctr(&["images", "import", &archive])?;
+        images::import(archives, bin_dir, socket, PUSH_NAMESPACE)?;
+        for (name, _) in archives {
             let remote = format!("{}/{}", self.address, repository_path(name));
-            ctr(&["images", "push", "--plain-http", &remote, name])?;
+            let push = ["images", "push", "--plain-http", &remote, name];
+            images::ctr(bin_dir, socket, PUSH_NAMESPACE, &push, name)?;
         }
         Ok(())
     }
