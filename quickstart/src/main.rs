@@ -14,17 +14,15 @@ use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::api::{Api, DeleteParams, ListParams, LogParams, Patch, PatchParams, PostParams};
 use kube::ResourceExt;
-use localcluster::{Binaries, LocalCluster, Options};
+use localcluster::Binaries;
 use lockedjob::api::LockedJob;
-use lockedjob::lab::harness::{FaultProxy, Persistence, RedisNodes};
+use lockedjob::lab::harness::{Persistence, RedisNodes};
+use quickstart::clusters::{lockedjob_binary, NodeProxies, Side};
 use serde_json::json;
-use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 use verdict::Run;
 
-const IMAGE: &str = "ghcr.io/lockedjob/lockedjob-operator";
 /// Not 5 s: on a real node a Job's pod takes about 3.5 s from creation to completion beyond
 /// its command (sandbox, network, the Job controller's count), and `Forbid` rightly holds a due
 /// time back while the previous run's Job is still active.
@@ -35,41 +33,6 @@ const TAG: &str = "quickstart-run";
 
 fn say(text: impl std::fmt::Display) {
     eprintln!("[quickstart] {text}");
-}
-
-fn repo(path: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(path)
-}
-
-/// One local cluster with the operator installed.
-struct Side {
-    id: &'static str,
-    cluster: LocalCluster,
-    client: kube::Client,
-}
-
-impl Side {
-    fn tool(&self, program: &str, args: &[&str]) -> Result<String, String> {
-        let out = self
-            .cluster
-            .tool(program)
-            .args(args)
-            .current_dir(repo("."))
-            .output()
-            .map_err(|e| format!("run {program}: {e}"))?;
-        let text = String::from_utf8_lossy(&out.stdout).into_owned();
-        if out.status.success() {
-            Ok(text)
-        } else {
-            Err(format!(
-                "{program} {} on {}: {}{}",
-                args.join(" "),
-                self.id,
-                text,
-                String::from_utf8_lossy(&out.stderr)
-            ))
-        }
-    }
 }
 
 fn main() -> ExitCode {
@@ -100,15 +63,7 @@ fn main() -> ExitCode {
 }
 
 async fn run(length: Duration) -> Result<bool, String> {
-    let lockedjob = std::env::var_os("QUICKSTART_LOCKEDJOB")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| repo("target/debug/lockedjob"));
-    if !lockedjob.is_file() {
-        return Err(format!(
-            "{} not found: cargo build --bin lockedjob",
-            lockedjob.display()
-        ));
-    }
+    let lockedjob = lockedjob_binary()?;
     let bins = Binaries::locate().map_err(|e| e.to_string())?;
 
     let mut nodes = RedisNodes::start(5, Persistence::AppendFsyncAlways)
@@ -127,8 +82,8 @@ async fn run(length: Duration) -> Result<bool, String> {
     say("starting two local clusters, east and west (etcd, kube-apiserver, kube-controller-manager, kube-scheduler; a node each: kubelet, containerd, runc, kube-proxy, CoreDNS)");
     let started = Instant::now();
     let (east, west) = tokio::join!(
-        start_side("east", &lockedjob, &bins),
-        start_side("west", &lockedjob, &bins)
+        Side::start("east", &lockedjob, &bins),
+        Side::start("west", &lockedjob, &bins)
     );
     let sides = [east?, west?];
     say(format!(
@@ -136,61 +91,16 @@ async fn run(length: Duration) -> Result<bool, String> {
         started.elapsed().as_secs_f64()
     ));
 
-    // Pods live in their node's network namespace, where 127.0.0.1 is their own: each cluster
-    // reaches the nodes through proxies on the host's end of its node's link.
+    let addrs: Vec<String> = nodes.nodes.iter().map(|n| n.addr()).collect();
     let mut proxies = Vec::new();
     for side in &sides {
-        let host_ip = side.cluster.host_ip();
-        let side_proxies = nodes
-            .nodes
-            .iter()
-            .map(|node| FaultProxy::start_on(host_ip.into(), &node.addr()))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| format!("start the proxies to the Redis nodes: {e}"))?;
-        let urls: Vec<String> = side_proxies
-            .iter()
-            .map(|p| format!("redis://{}", p.addr()))
-            .collect();
-        proxies.push((side_proxies, urls));
-    }
-    for (side, (_, urls)) in sides.iter().zip(&proxies) {
-        let external = serde_json::to_string(urls).map_err(|e| e.to_string())?;
+        let side_proxies = NodeProxies::start(side, &addrs)?;
         say(format!(
             "{}: helm install locks (3 replicas, cluster id {})",
             side.id, side.id
         ));
-        side.tool("kubectl", &["create", "namespace", "lockedjob"])?;
-        side.tool(
-            "kubectl",
-            &[
-                "create",
-                "secret",
-                "generic",
-                "lock-nodes",
-                "-n",
-                "lockedjob",
-                &format!("--from-literal=password={password}"),
-            ],
-        )?;
-        side.tool(
-            "helm",
-            &[
-                "install",
-                "locks",
-                "charts/lockedjob-operator",
-                "-n",
-                "lockedjob",
-                "-f",
-                "charts/lockedjob-operator/ci/local-values.yaml",
-                "--set",
-                &format!("clusterId={}", side.id),
-                "--set-json",
-                &format!("redis.external={external}"),
-                "--wait",
-                "--timeout",
-                "5m",
-            ],
-        )?;
+        side.install_operator(&side_proxies.urls(), &password, &[])?;
+        proxies.push(side_proxies);
     }
     for side in &sides {
         create_locked_job(side).await?;
@@ -266,37 +176,6 @@ async fn run(length: Duration) -> Result<bool, String> {
     let verdict = verdict::judge(&runs, PERIOD_SECONDS);
     println!("\n{verdict}");
     Ok(verdict.ok())
-}
-
-async fn start_side(id: &'static str, lockedjob: &Path, bins: &Binaries) -> Result<Side, String> {
-    let image = format!("{IMAGE}:{}", chart_app_version()?);
-    let options = Options {
-        binaries: Some(bins.clone()),
-        images: BTreeMap::from([(image, lockedjob.to_path_buf())]),
-        ..Options::named(id)
-    };
-    let cluster = tokio::task::spawn_blocking(move || LocalCluster::start(options))
-        .await
-        .map_err(|e| format!("start {id}: {e}"))?
-        .map_err(|e| format!("start {id}: {e}"))?;
-    let client = cluster.client().await.map_err(|e| e.to_string())?;
-    Ok(Side {
-        id,
-        cluster,
-        client,
-    })
-}
-
-/// The tag the chart's Deployment names by default (Chart.yaml's `appVersion`).
-fn chart_app_version() -> Result<String, String> {
-    let path = repo("charts/lockedjob-operator/Chart.yaml");
-    let chart =
-        std::fs::read_to_string(&path).map_err(|e| format!("read {}: {e}", path.display()))?;
-    chart
-        .lines()
-        .find_map(|l| l.strip_prefix("appVersion:"))
-        .map(|v| v.trim().trim_matches('"').to_string())
-        .ok_or_else(|| format!("{} has no appVersion", path.display()))
 }
 
 async fn create_locked_job(side: &Side) -> Result<(), String> {

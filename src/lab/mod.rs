@@ -9,7 +9,7 @@ pub mod client;
 mod error;
 pub mod harness;
 pub mod history;
-mod porcupine;
+pub mod porcupine;
 mod scenario;
 mod scenarios;
 mod soak;

@@ -91,8 +91,13 @@ pub struct Independent {
 /// Writes `porcupine.json` into `out`, runs `checker` on it (with HTML visualizations of a
 /// failing model next to it), and reads its verdict.
 pub fn check(checker: &Path, history: &History, out: &Path) -> Result<Independent, LabError> {
+    check_export(checker, &export(history), out)
+}
+
+/// `check` for a history exported by another harness (the cluster soak's).
+pub fn check_export(checker: &Path, export: &Export, out: &Path) -> Result<Independent, LabError> {
     let input = out.join("porcupine.json");
-    let json = serde_json::to_string(&export(history))
+    let json = serde_json::to_string(export)
         .map_err(|e| LabError::Io("encode porcupine.json", std::io::Error::other(e)))?;
     std::fs::write(&input, json).map_err(|e| LabError::Io("write porcupine.json", e))?;
     let run = Command::new(checker)

@@ -1,0 +1,454 @@
+//! The cluster soak (`soak --minutes M --seed S`): two local clusters with the operator
+//! installed by the chart in each (3 replicas), the five shared Redis nodes of the quickstart,
+//! a mix of LockedJobs sharing their locks across the clusters, and a seeded schedule of
+//! overlapping faults; judged by our checker (`judge`) and by porcupine (`tools/porcupine-check`).
+//! docs/testing.md, "The cluster soak", says what it covers and what it does not.
+
+pub mod faults;
+pub mod judge;
+pub mod schedule;
+pub mod store;
+pub mod workload;
+
+use crate::clusters::{lockedjob_binary, NodeProxies, Side};
+use faults::{carry_out, Executed, Targets};
+use judge::{LockReport, Span};
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use localcluster::Binaries;
+use lockedjob::api::LockedJob;
+use lockedjob::lab::harness::{Persistence, RedisNodes};
+use lockedjob::lab::porcupine::{check_export, Independent};
+use schedule::{Planned, Shape, CLOCK_NODE, NODES};
+use serde::Serialize;
+use serde_json::json;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use store::FencedStore;
+use workload::{lock_name, now_seconds, Collector, MIX, NAMESPACE, TTL_SECONDS};
+
+/// A node's restart delay, as `start-redis.sh` has it: longer than any lease it voted for.
+pub const RESTART_DELAY_MS: u64 = 12_000;
+const CLUSTERS: [&str; 2] = ["east", "west"];
+const REPLICAS: usize = 3;
+
+pub struct Options {
+    pub seconds: u64,
+    pub seed: u64,
+    pub out: PathBuf,
+    /// The deliberately broken deployment: each cluster its own five nodes, so both run every
+    /// time. Both checkers must object.
+    pub split_nodes: bool,
+    /// `tools/porcupine-check`; without it only our checker judges.
+    pub porcupine_check: Option<PathBuf>,
+}
+
+#[derive(Serialize)]
+struct Parameters {
+    seed: u64,
+    seconds: u64,
+    ttl_seconds: u64,
+    restart_delay_ms: u64,
+    split_nodes: bool,
+    clusters: [&'static str; 2],
+    replicas: usize,
+    mix: [workload::Kind; 4],
+}
+
+#[derive(Serialize)]
+pub struct Report {
+    parameters: Parameters,
+    schedule: Vec<Planned>,
+    faults: Vec<Executed>,
+    faults_by_kind: BTreeMap<&'static str, usize>,
+    requests: Vec<String>,
+    locks: Vec<LockReport>,
+    independent: BTreeMap<String, Independent>,
+    /// What our checker objects to.
+    ours: Vec<String>,
+    /// What porcupine objects to, and where the two checkers disagree.
+    porcupine: Vec<String>,
+    disagreements: Vec<String>,
+}
+
+impl Report {
+    pub fn ok(&self) -> bool {
+        self.ours.is_empty() && self.porcupine.is_empty() && self.disagreements.is_empty()
+    }
+
+    pub fn ours(&self) -> &[String] {
+        &self.ours
+    }
+
+    pub fn porcupine(&self) -> &[String] {
+        &self.porcupine
+    }
+}
+
+pub fn say(text: impl std::fmt::Display) {
+    eprintln!("[soak] {text}");
+}
+
+/// Runs the soak and writes `report.json` (and porcupine's input per lock) into `out`.
+pub async fn run(options: &Options) -> Result<Report, String> {
+    std::fs::create_dir_all(&options.out)
+        .map_err(|e| format!("create {}: {e}", options.out.display()))?;
+    let lockedjob = lockedjob_binary()?;
+    let bins = Binaries::locate().map_err(|e| e.to_string())?;
+    let count = if options.split_nodes {
+        2 * NODES
+    } else {
+        NODES
+    } as usize;
+    let nodes = RedisNodes::start_where(count, Persistence::AppendFsyncAlways, |i| {
+        i == CLOCK_NODE as usize
+    })
+    .map_err(|e| format!("start redis-server: {e}"))?;
+    let password = format!("{:032x}", rand::random::<u128>());
+    for node in &nodes.nodes {
+        node.command::<()>(&["CONFIG", "SET", "requirepass", &password])
+            .map_err(|e| format!("set the password of {}: {e}", node.url()))?;
+    }
+    let addrs: Vec<String> = nodes.nodes.iter().map(|n| n.addr()).collect();
+    say(format!("{count} Redis nodes up (appendfsync always)"));
+
+    let started = Instant::now();
+    let (east, west) = tokio::join!(
+        Side::start(CLUSTERS[0], &lockedjob, &bins),
+        Side::start(CLUSTERS[1], &lockedjob, &bins)
+    );
+    let sides = Arc::new(vec![east?, west?]);
+    say(format!(
+        "clusters ready in {:.0} s",
+        started.elapsed().as_secs_f64()
+    ));
+
+    let store = FencedStore::start(
+        &sides
+            .iter()
+            .map(|s| s.cluster.host_ip().into())
+            .collect::<Vec<_>>(),
+    )
+    .await
+    .map_err(|e| format!("start the fenced store: {e}"))?;
+    let mut proxies = Vec::new();
+    for (index, side) in sides.iter().enumerate() {
+        // The broken deployment: the second cluster's own five nodes.
+        let own = if options.split_nodes {
+            index * NODES as usize
+        } else {
+            0
+        };
+        let side_proxies = NodeProxies::start(side, &addrs[own..own + NODES as usize])?;
+        let replicas = format!("replicaCount={REPLICAS}");
+        side.install_operator(&side_proxies.urls(), &password, &[&replicas])?;
+        create_workload(side, store.addrs()[index]).await?;
+        proxies.push(side_proxies);
+    }
+    let created = now_seconds();
+    say(format!(
+        "operator installed ({REPLICAS} replicas) and {} LockedJobs applied in both clusters; soaking for {} s, seed {}",
+        MIX.len(),
+        options.seconds,
+        options.seed
+    ));
+
+    let shape = Shape {
+        seconds: options.seconds,
+        ttl_ms: TTL_SECONDS * 1000,
+        clusters: CLUSTERS.len(),
+        replicas: REPLICAS,
+        restart_delay_ms: RESTART_DELAY_MS,
+    };
+    let plan = schedule::schedule(options.seed, shape);
+    let start = Instant::now();
+    let collector = Arc::new(tokio::sync::Mutex::new(Collector::default()));
+    let (stop_reading, reading) = read_runs(sides.clone(), collector.clone());
+    let requests = tokio::spawn(request_runs(sides.clone(), options.seconds, created));
+    let nodes = Arc::new(Mutex::new(nodes));
+    // Held to the end: the pods reach the nodes through them.
+    let proxies = Arc::new(proxies);
+    let targets = Targets {
+        sides: sides.clone(),
+        nodes: nodes.clone(),
+        proxies: proxies.clone(),
+        password: password.clone(),
+    };
+    let executed = carry_out(&plan, start, targets).await;
+    tokio::time::sleep_until((start + Duration::from_secs(options.seconds)).into()).await;
+    let requests = requests.await.map_err(|e| e.to_string())?;
+
+    say("suspending the LockedJobs and reading the last runs");
+    let suspended = now_seconds();
+    suspend(&sides).await?;
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    let _ = stop_reading.send(());
+    let _ = reading.await;
+    {
+        let mut collector = collector.lock().await;
+        for side in sides.iter() {
+            collector.read(side.id, &side.client).await;
+        }
+    }
+    let runs = collector.lock().await.runs();
+    drop(proxies);
+    for side in sides.iter() {
+        keep_logs(side, &options.out.join("logs"));
+    }
+    let writes = store.log();
+    let span = Span {
+        from: created + TTL_SECONDS as f64,
+        to: suspended - TTL_SECONDS as f64,
+    };
+    let mut report = Report {
+        parameters: Parameters {
+            seed: options.seed,
+            seconds: options.seconds,
+            ttl_seconds: TTL_SECONDS,
+            restart_delay_ms: RESTART_DELAY_MS,
+            split_nodes: options.split_nodes,
+            clusters: CLUSTERS,
+            replicas: REPLICAS,
+            mix: MIX,
+        },
+        faults_by_kind: executed.iter().fold(BTreeMap::new(), |mut m, f| {
+            *m.entry(f.kind).or_default() += 1;
+            m
+        }),
+        schedule: plan,
+        faults: executed,
+        requests,
+        locks: Vec::new(),
+        independent: BTreeMap::new(),
+        ours: Vec::new(),
+        porcupine: Vec::new(),
+        disagreements: Vec::new(),
+    };
+    for kind in &MIX {
+        let lock = lock_name(kind);
+        let judged = judge::judge(
+            kind,
+            &lock,
+            &runs,
+            &writes,
+            &report.faults,
+            span,
+            TTL_SECONDS as f64,
+        );
+        report.ours.extend(judged.objections());
+        if let Some(checker) = &options.porcupine_check {
+            let dir = options.out.join("porcupine").join(&lock);
+            std::fs::create_dir_all(&dir).map_err(|e| format!("create {}: {e}", dir.display()))?;
+            let independent = check_export(checker, &judge::export(&lock, &runs, &writes), &dir)
+                .map_err(|e| e.to_string())?;
+            compare(&lock, &judged, &independent, &mut report);
+            report.independent.insert(lock.clone(), independent);
+        }
+        report.locks.push(judged);
+    }
+    let json = serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?;
+    let path = options.out.join("report.json");
+    std::fs::write(&path, json).map_err(|e| format!("write {}: {e}", path.display()))?;
+    let runs_path = options.out.join("runs.json");
+    let runs_json = serde_json::to_string_pretty(&json!({"runs": runs, "writes": writes}))
+        .map_err(|e| e.to_string())?;
+    std::fs::write(&runs_path, runs_json)
+        .map_err(|e| format!("write {}: {e}", runs_path.display()))?;
+    Ok(report)
+}
+
+/// Porcupine's objections, and where it and our checker disagree: the store's answers fit
+/// an order of the writes exactly when no stale write was accepted; the sections fit "one
+/// holder at a time" exactly when our checker found no overlap.
+fn compare(lock: &str, ours: &LockReport, independent: &Independent, report: &mut Report) {
+    let fenced_ok = independent.fenced_store == "ok";
+    let one_holder_ok = independent.one_holder == "ok";
+    if !fenced_ok {
+        report.porcupine.push(format!(
+            "{lock}: fenced-store: {}",
+            independent.fenced_store
+        ));
+    }
+    if !one_holder_ok {
+        report
+            .porcupine
+            .push(format!("{lock}: one-holder: {}", independent.one_holder));
+    }
+    if fenced_ok != (ours.stale_writes_accepted == 0) {
+        report.disagreements.push(format!(
+            "{lock}: porcupine's fenced-store says {}, ours counts {} stale writes accepted",
+            independent.fenced_store, ours.stale_writes_accepted
+        ));
+    }
+    if one_holder_ok != ours.overlaps.is_empty() {
+        report.disagreements.push(format!(
+            "{lock}: porcupine's one-holder says {}, ours found {} overlaps",
+            independent.one_holder,
+            ours.overlaps.len()
+        ));
+    }
+}
+
+async fn create_workload(side: &Side, store: std::net::SocketAddr) -> Result<(), String> {
+    let namespace = serde_json::from_value::<Namespace>(json!({"metadata": {"name": NAMESPACE}}))
+        .map_err(|e| e.to_string())?;
+    Api::<Namespace>::all(side.client.clone())
+        .create(&PostParams::default(), &namespace)
+        .await
+        .map_err(|e| format!("create namespace {NAMESPACE} on {}: {e}", side.id))?;
+    let api = Api::<LockedJob>::namespaced(side.client.clone(), NAMESPACE);
+    for kind in &MIX {
+        let job = workload::locked_job(kind, store).map_err(|e| e.to_string())?;
+        // The CRD came with the chart; it may take a moment to be served.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            match api.create(&PostParams::default(), &job).await {
+                Ok(_) => break,
+                Err(e) if Instant::now() > deadline => {
+                    return Err(format!(
+                        "create LockedJob {} on {}: {e}",
+                        kind.name, side.id
+                    ))
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(500)).await,
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Reads the runs every 2 s until told to stop.
+fn read_runs(
+    sides: Arc<Vec<Side>>,
+    collector: Arc<tokio::sync::Mutex<Collector>>,
+) -> (
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<()>,
+) {
+    let (stop, mut stopped) = tokio::sync::oneshot::channel();
+    let task = tokio::spawn(async move {
+        loop {
+            for side in sides.iter() {
+                collector.lock().await.read(side.id, &side.client).await;
+            }
+            tokio::select! {
+                _ = &mut stopped => return,
+                _ = tokio::time::sleep(Duration::from_secs(2)) => {}
+            }
+        }
+    });
+    (stop, task)
+}
+
+/// A quarter in, a run-now of `forbid` in the first cluster; halfway, a backfill of `allow`'s
+/// first two due times after the LockedJobs were created, in the second. Returns what was
+/// asked.
+async fn request_runs(sides: Arc<Vec<Side>>, seconds: u64, created: f64) -> Vec<String> {
+    let mut asked = Vec::new();
+    tokio::time::sleep(Duration::from_secs(seconds / 4)).await;
+    // A time off `forbid`'s 10 s grid, so that it is told from a scheduled run.
+    let now = now_seconds() as i64;
+    let at = now - now.rem_euclid(10) - 5;
+    let run_now = format!("{}", jiff::Timestamp::from_second(at).unwrap_or_default());
+    asked.push(
+        annotate(
+            &sides[0],
+            "forbid",
+            lockedjob::api::ANNOTATION_RUN_NOW,
+            &run_now,
+        )
+        .await,
+    );
+    tokio::time::sleep(Duration::from_secs(seconds / 4)).await;
+    let first = (created as i64).div_euclid(20) * 20 + 20;
+    let range = format!(
+        "{}/{}",
+        jiff::Timestamp::from_second(first).unwrap_or_default(),
+        jiff::Timestamp::from_second(first + 20).unwrap_or_default()
+    );
+    asked.push(
+        annotate(
+            &sides[1],
+            "allow",
+            lockedjob::api::ANNOTATION_BACKFILL,
+            &range,
+        )
+        .await,
+    );
+    asked
+}
+
+async fn annotate(side: &Side, name: &str, key: &str, value: &str) -> String {
+    let patch = json!({"metadata": {"annotations": {key: value}}});
+    let outcome = Api::<LockedJob>::namespaced(side.client.clone(), NAMESPACE)
+        .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await;
+    let said = match outcome {
+        Ok(_) => format!("{}: {name} {key}={value}", side.id),
+        Err(e) => format!("{}: {name} {key}={value} failed: {e}", side.id),
+    };
+    say(&said);
+    said
+}
+
+/// The operator replicas' logs and the LockedJobs as the soak left them, beside the report.
+fn keep_logs(side: &Side, dir: &std::path::Path) {
+    let _ = std::fs::create_dir_all(dir);
+    let keep = |file: String, args: &[&str]| {
+        let text = side.tool("kubectl", args).unwrap_or_else(|e| e);
+        let _ = std::fs::write(dir.join(file), text);
+    };
+    keep(
+        format!("{}-lockedjobs.yaml", side.id),
+        &["get", "lj", "-n", NAMESPACE, "-o", "yaml"],
+    );
+    keep(
+        format!("{}-events.txt", side.id),
+        &["get", "events", "-A", "--sort-by=.lastTimestamp"],
+    );
+    let pods = side
+        .tool(
+            "kubectl",
+            &[
+                "get",
+                "pods",
+                "-n",
+                crate::clusters::RELEASE_NAMESPACE,
+                "-o",
+                "name",
+            ],
+        )
+        .unwrap_or_default();
+    for pod in pods.lines().filter_map(|l| l.strip_prefix("pod/")) {
+        for (suffix, previous) in [("", "--previous=false"), (".previous", "--previous=true")] {
+            keep(
+                format!("{}-{pod}{suffix}.log", side.id),
+                &[
+                    "logs",
+                    "-n",
+                    crate::clusters::RELEASE_NAMESPACE,
+                    pod,
+                    previous,
+                ],
+            );
+        }
+    }
+}
+
+async fn suspend(sides: &[Side]) -> Result<(), String> {
+    for side in sides {
+        let api = Api::<LockedJob>::namespaced(side.client.clone(), NAMESPACE);
+        for kind in &MIX {
+            api.patch(
+                kind.name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"suspend": true}})),
+            )
+            .await
+            .map_err(|e| format!("suspend {} on {}: {e}", kind.name, side.id))?;
+        }
+    }
+    Ok(())
+}

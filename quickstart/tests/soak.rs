@@ -1,0 +1,125 @@
+//! The cluster soak through its binary (root, real nodes): a short soak under the seeded faults
+//! passes both checkers, and the broken deployment (each cluster its own lock nodes) makes both
+//! object. Each starts two clusters; they run one at a time.
+
+use std::path::Path;
+use std::process::Command;
+use std::sync::Mutex;
+
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+fn soak(args: &[&str], out: &Path) -> (Option<i32>, serde_json::Value, String) {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let run = Command::new(env!("CARGO_BIN_EXE_soak"))
+        .args(args)
+        .arg("--out")
+        .arg(out)
+        .env("LOCKEDJOB_PORCUPINE_CHECK", independent_checker())
+        .output()
+        .expect("run soak");
+    let stderr = String::from_utf8_lossy(&run.stderr).into_owned();
+    let report = std::fs::read_to_string(out.join("report.json"))
+        .unwrap_or_else(|e| panic!("report.json: {e}; the soak said:\n{stderr}"));
+    let report = serde_json::from_str(&report).expect("report.json is JSON");
+    (run.status.code(), report, stderr)
+}
+
+/// `tools/porcupine-check`, as `scripts/test.sh` built it, or built now.
+fn independent_checker() -> String {
+    if let Ok(path) = std::env::var("LOCKEDJOB_PORCUPINE_CHECK") {
+        return path;
+    }
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/porcupine-check.sh");
+    let built = Command::new(script)
+        .output()
+        .expect("run scripts/porcupine-check.sh");
+    assert!(
+        built.status.success(),
+        "{}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    String::from_utf8_lossy(&built.stdout)
+        .lines()
+        .last()
+        .expect("the checker's path")
+        .to_string()
+}
+
+fn strings(report: &serde_json::Value, field: &str) -> Vec<String> {
+    report[field]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|s| s.as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn a_short_soak_under_seeded_faults_passes_both_checkers() {
+    let out = tempfile::tempdir().expect("a temp dir");
+    let (code, report, stderr) = soak(&["--minutes", "3", "--seed", "1"], out.path());
+    assert_eq!(code, Some(0), "the soak failed:\n{stderr}");
+    let planned = report["schedule"].as_array().map(Vec::len).unwrap_or(0);
+    let faults = report["faults"].as_array().cloned().unwrap_or_default();
+    assert!(
+        planned >= 5 && faults.len() == planned,
+        "{planned} planned, {} carried out",
+        faults.len()
+    );
+    let hit = faults
+        .iter()
+        .filter(|f| {
+            !f["target"]
+                .as_str()
+                .unwrap_or("nothing")
+                .starts_with("nothing")
+        })
+        .count();
+    assert!(hit * 2 >= planned, "most faults hit something:\n{stderr}");
+    let locks = report["locks"].as_array().cloned().unwrap_or_default();
+    assert_eq!(locks.len(), 4);
+    for lock in &locks {
+        assert!(
+            lock["runs"]["scheduled"].as_u64().unwrap_or(0) > 0,
+            "{lock}"
+        );
+        assert!(lock["writes"].as_u64().unwrap_or(0) > 0, "{lock}");
+    }
+    let ran = |kind: &str| {
+        locks
+            .iter()
+            .any(|l| l["runs"][kind].as_u64().unwrap_or(0) > 0)
+    };
+    assert!(
+        ran("run-now") && ran("backfill"),
+        "the run-now and the backfill ran:\n{stderr}"
+    );
+    let independent = report["independent"]
+        .as_object()
+        .map(|o| o.len())
+        .unwrap_or(0);
+    assert_eq!(independent, 4, "porcupine judged every lock");
+}
+
+#[test]
+fn both_checkers_catch_the_deployment_whose_clusters_do_not_share_their_lock_nodes() {
+    let out = tempfile::tempdir().expect("a temp dir");
+    let (code, report, stderr) = soak(
+        &["--minutes", "1.5", "--seed", "1", "--split-nodes"],
+        out.path(),
+    );
+    assert_eq!(code, Some(1), "the broken deployment passed:\n{stderr}");
+    let ours = strings(&report, "ours");
+    let porcupine = strings(&report, "porcupine");
+    assert!(
+        ours.iter().any(|o| o.contains("ran twice")),
+        "ours: {ours:?}"
+    );
+    assert!(
+        porcupine.iter().any(|o| o.contains("one-holder")),
+        "porcupine: {porcupine:?}"
+    );
+    assert!(strings(&report, "disagreements").is_empty(), "{report}");
+}
