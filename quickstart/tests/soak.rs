@@ -59,7 +59,7 @@ fn strings(report: &serde_json::Value, field: &str) -> Vec<String> {
 #[test]
 fn a_short_soak_under_seeded_faults_passes_both_checkers() {
     let out = tempfile::tempdir().expect("a temp dir");
-    let (code, report, stderr) = soak(&["--minutes", "3", "--seed", "1"], out.path());
+    let (code, report, stderr) = soak(&["--minutes", "3", "--seed", "28"], out.path());
     assert_eq!(code, Some(0), "the soak failed:\n{stderr}");
     let planned = report["schedule"].as_array().map(Vec::len).unwrap_or(0);
     let faults = report["faults"].as_array().cloned().unwrap_or_default();
@@ -95,6 +95,11 @@ fn a_short_soak_under_seeded_faults_passes_both_checkers() {
     assert!(
         ran("run-now") && ran("backfill"),
         "the run-now and the backfill ran:\n{stderr}"
+    );
+    let requests = report["requests"].as_array().cloned().unwrap_or_default();
+    assert!(
+        requests.len() == 2 && requests.iter().all(|r| r["first_run_after_s"].is_number()),
+        "each request ran after it was made: {requests:?}"
     );
     let independent = report["independent"]
         .as_object()

@@ -210,6 +210,12 @@ fn decide_valid(lj: &LockedJob, seen: &Observed, valid: ValidSpec) -> ValidPlan 
     if !active.is_empty() {
         requeue = requeue.min(valid.timing.ttl / 2);
     }
+    if matches!(run_now, Some(RunNow::Requested(_))) {
+        // A run-now that found the lock held (often by another cluster's run, which this
+        // LockedJob's status never shows) is tried again at a reconcile; with none before the
+        // next due time it waited for that, an hour for an hourly job (found by the soak).
+        requeue = requeue.min(valid.timing.renew_interval);
+    }
     if matches!(backfill, Some(Backfill::Start(..))) {
         // A time that another runner holds the lock for is tried again by this replica after
         // its cooldown; nothing else may wake this LockedJob before then.
@@ -487,8 +493,11 @@ fn same_conditions(a: &[Condition], b: &[Condition]) -> bool {
         })
 }
 
+/// How long until `next`, at most `MAX_REQUEUE`; zero when it is past. (The whole span: a
+/// `Span`'s `get_milliseconds` is only its milliseconds field, which made every LockedJob
+/// reconcile within a second whatever its schedule.)
 fn until(next: Option<Timestamp>, now: Timestamp) -> Duration {
-    next.map(|t| Duration::from_millis((t - now).get_milliseconds().max(0) as u64))
+    next.map(|t| Duration::try_from(t.duration_since(now)).unwrap_or(Duration::ZERO))
         .unwrap_or(MAX_REQUEUE)
         .min(MAX_REQUEUE)
 }
@@ -843,6 +852,24 @@ mod tests {
     }
 
     #[test]
+    fn the_wait_for_the_next_time_is_the_whole_span_up_to_the_cap() {
+        let now = ts("2026-01-01T10:05:30Z");
+        let table = [
+            (
+                Some("2026-01-01T10:05:31.500Z"),
+                Duration::from_millis(1500),
+            ),
+            (Some("2026-01-01T10:06:30Z"), Duration::from_secs(60)),
+            (Some("2026-01-01T11:00:00Z"), MAX_REQUEUE),
+            (Some("2026-01-01T10:05:00Z"), Duration::ZERO),
+            (None, MAX_REQUEUE),
+        ];
+        for (next, expected) in table {
+            assert_eq!(until(next.map(ts), now), expected, "{next:?}");
+        }
+    }
+
+    #[test]
     fn the_run_now_annotation_is_parsed_or_refused() {
         let at = "2026-01-01T10:05:30Z";
         let asked = locked_job(json!({"metadata": {"annotations": {
@@ -851,6 +878,18 @@ mod tests {
         assert_eq!(
             plan.run_now,
             Some(RunNow::Requested(ts("2026-01-01T10:05:20Z")))
+        );
+        // Asked of an hourly job whose lock another cluster holds: looked at again within a
+        // renew interval, not at the next hour.
+        let hourly = locked_job(json!({"metadata": {"annotations": {
+            "lockedjob.dev/run-now": "2026-01-01T10:05:20Z"}},
+            "spec": {"schedule": "0 * * * *", "lock": {"ttlSeconds": 30}},
+            "status": {"lastScheduleTime": "2026-01-01T10:00:00Z"}}));
+        let plan = valid(decide(&hourly, "team-a", &observed(at, vec![], 3)));
+        assert!(
+            plan.requeue <= Duration::from_secs(10),
+            "{:?}",
+            plan.requeue
         );
         let garbled = locked_job(json!({"metadata": {"annotations": {
             "lockedjob.dev/run-now": "now please"}}}));

@@ -299,7 +299,14 @@ mod tests {
         ];
         let writes = vec![write("a", 1, true, T0 + 1.0, T0 + 1.1)];
         type Holds = fn(&LockReport) -> bool;
-        let cases: Vec<(&str, Vec<Run>, Vec<StoreWrite>, Vec<Executed>, Holds)> = vec![
+        type Case = (
+            &'static str,
+            Vec<Run>,
+            Vec<StoreWrite>,
+            Vec<Executed>,
+            Holds,
+        );
+        let cases: Vec<Case> = vec![
             ("clean", clean.clone(), writes.clone(), vec![], |r| {
                 r.objections().is_empty() && r.due_times == 3
             }),

@@ -27,7 +27,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use store::FencedStore;
-use workload::{lock_name, now_seconds, Collector, MIX, NAMESPACE, TTL_SECONDS};
+use workload::{lock_name, now_seconds, Collector, RunKind, MIX, NAMESPACE, TTL_SECONDS};
 
 /// A node's restart delay, as `start-redis.sh` has it: longer than any lease it voted for.
 pub const RESTART_DELAY_MS: u64 = 12_000;
@@ -57,13 +57,22 @@ struct Parameters {
     mix: [workload::Kind; 4],
 }
 
+/// A run-now or backfill the soak asked for, and when its first run entered (none: it never
+/// ran).
+#[derive(Serialize)]
+struct Request {
+    asked: String,
+    at: f64,
+    first_run_after_s: Option<f64>,
+}
+
 #[derive(Serialize)]
 pub struct Report {
     parameters: Parameters,
     schedule: Vec<Planned>,
     faults: Vec<Executed>,
     faults_by_kind: BTreeMap<&'static str, usize>,
-    requests: Vec<String>,
+    requests: Vec<Request>,
     locks: Vec<LockReport>,
     independent: BTreeMap<String, Independent>,
     /// What our checker objects to.
@@ -219,7 +228,18 @@ pub async fn run(options: &Options) -> Result<Report, String> {
         }),
         schedule: plan,
         faults: executed,
-        requests,
+        requests: requests
+            .into_iter()
+            .map(|(asked, at, kind)| Request {
+                first_run_after_s: runs
+                    .iter()
+                    .filter(|r| r.kind == kind && r.enter >= at)
+                    .map(|r| r.enter - at)
+                    .reduce(f64::min),
+                asked,
+                at,
+            })
+            .collect(),
         locks: Vec::new(),
         independent: BTreeMap::new(),
         ours: Vec::new(),
@@ -344,23 +364,26 @@ fn read_runs(
 
 /// A quarter in, a run-now of `forbid` in the first cluster; halfway, a backfill of `allow`'s
 /// first two due times after the LockedJobs were created, in the second. Returns what was
-/// asked.
-async fn request_runs(sides: Arc<Vec<Side>>, seconds: u64, created: f64) -> Vec<String> {
+/// asked, when, and the kind of run it asked for.
+async fn request_runs(
+    sides: Arc<Vec<Side>>,
+    seconds: u64,
+    created: f64,
+) -> Vec<(String, f64, RunKind)> {
     let mut asked = Vec::new();
     tokio::time::sleep(Duration::from_secs(seconds / 4)).await;
     // A time off `forbid`'s 10 s grid, so that it is told from a scheduled run.
     let now = now_seconds() as i64;
     let at = now - now.rem_euclid(10) - 5;
     let run_now = format!("{}", jiff::Timestamp::from_second(at).unwrap_or_default());
-    asked.push(
-        annotate(
-            &sides[0],
-            "forbid",
-            lockedjob::api::ANNOTATION_RUN_NOW,
-            &run_now,
-        )
-        .await,
-    );
+    let said = annotate(
+        &sides[0],
+        "forbid",
+        lockedjob::api::ANNOTATION_RUN_NOW,
+        &run_now,
+    )
+    .await;
+    asked.push((said, now_seconds(), RunKind::RunNow));
     tokio::time::sleep(Duration::from_secs(seconds / 4)).await;
     let first = (created as i64).div_euclid(20) * 20 + 20;
     let range = format!(
@@ -368,15 +391,14 @@ async fn request_runs(sides: Arc<Vec<Side>>, seconds: u64, created: f64) -> Vec<
         jiff::Timestamp::from_second(first).unwrap_or_default(),
         jiff::Timestamp::from_second(first + 20).unwrap_or_default()
     );
-    asked.push(
-        annotate(
-            &sides[1],
-            "allow",
-            lockedjob::api::ANNOTATION_BACKFILL,
-            &range,
-        )
-        .await,
-    );
+    let said = annotate(
+        &sides[1],
+        "allow",
+        lockedjob::api::ANNOTATION_BACKFILL,
+        &range,
+    )
+    .await;
+    asked.push((said, now_seconds(), RunKind::Backfill));
     asked
 }
 

@@ -55,6 +55,7 @@ pub async fn start(ctx: Arc<Context>, run: Run) {
         }
     };
     let ttl = run.valid.timing.ttl;
+    let manual = matches!(run.kind, RunKind::Manual);
     match launched {
         Ok(launched) => {
             settled.set(key, Instant::now() + SETTLED);
@@ -74,6 +75,13 @@ pub async fn start(ctx: Arc<Context>, run: Run) {
         // changes (that run ended, or this one started), which every replica sees as a status
         // update, rather than at each of the bursts of Job events before it; after a TTL at
         // the latest (a holder that died updates nothing).
+        // A run-now waits for nobody's end: the lock is often held by another cluster's runs,
+        // which this LockedJob's status never shows, and waiting a TTL from a scheduled run's
+        // start lands on the next one's (seen in the soak: a run-now held back until the
+        // schedule stopped). Try again at the next reconcile, within a renew interval.
+        Err(NotStarted::Contended) if manual => {
+            settled.set(key, Instant::now() + jittered(FAILED_PAUSE))
+        }
         Err(NotStarted::Contended) => {
             settled.set_until_changed(key, Instant::now() + ttl, last_run)
         }
