@@ -1,6 +1,6 @@
 //! The fenced store the soak's runs write to: a register per lock that takes a write whose
-//! token is at least the largest it took, and refuses it otherwise (docs/design.md, "Fencing
-//! tokens"). It listens on the host's end of each cluster's node link; a run sends one line,
+//! token is at least the largest it took, and refuses it otherwise (the fenced-store model of
+//! docs/design.md, "The lab's two checkers"). It listens on the host's end of each cluster's node link; a run sends one line,
 //! `LOCK TOKEN WRITER`, and reads `accepted` or `refused`. Every answer is logged with the
 //! instants the request was read and answered: the history the checkers judge.
 
