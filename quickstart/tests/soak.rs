@@ -105,7 +105,15 @@ fn a_short_soak_under_seeded_faults_passes_both_checkers() {
         .as_object()
         .map(|o| o.len())
         .unwrap_or(0);
-    assert_eq!(independent, 4, "porcupine judged every lock");
+    assert_eq!(
+        independent, 5,
+        "porcupine judged every lock and the leader's writes"
+    );
+    let leader = &report["leader"];
+    assert!(
+        leader["terms"].as_u64().unwrap_or(0) >= 1 && leader["writes"].as_u64().unwrap_or(0) > 10,
+        "the leader Deployment wrote: {leader}"
+    );
 }
 
 #[test]

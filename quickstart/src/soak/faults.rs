@@ -26,6 +26,8 @@ pub struct Executed {
     pub index: usize,
     pub kind: &'static str,
     pub outside_the_model: bool,
+    /// Whether it hit anything (a replica may be restarting, no run in flight to pause).
+    pub hit: bool,
     /// The pod, node or cluster it hit, or why it hit nothing.
     pub target: String,
     pub started_us: u64,
@@ -77,8 +79,9 @@ pub async fn carry_out(plan: &[Planned], start: Instant, targets: Targets) -> Ve
         let nesting = nesting.clone();
         let clock_offset = clock_offset.clone();
         running.spawn(async move {
-            let started_us = now_us();
             let applied = apply(&planned.fault, &targets, &nesting, &clock_offset).await;
+            // After: finding a holder to pause may take a while.
+            let started_us = now_us();
             tracing_line(index, &planned, &applied);
             tokio::time::sleep(Duration::from_millis(planned.heal_after_ms)).await;
             if let Ok(hit) = &applied {
@@ -88,6 +91,7 @@ pub async fn carry_out(plan: &[Planned], start: Instant, targets: Targets) -> Ve
                 index,
                 kind: planned.fault.kind(),
                 outside_the_model: planned.fault.outside_the_model(),
+                hit: applied.is_ok(),
                 target: match applied {
                     Ok(hit) => hit.describe(),
                     Err(why) => format!("nothing: {why}"),
@@ -420,9 +424,21 @@ async fn replica_pod(
     Ok((side.id.to_string(), pod))
 }
 
-/// The replica holding a run now: the holder of the latest running `lastRun` of any LockedJob
-/// in either cluster.
+/// The replica holding a run: the holder of the latest running `lastRun` of any LockedJob in
+/// either cluster, waiting up to a TTL for one (runs are short beside their periods).
 async fn holder(targets: &Targets) -> Result<(String, String), String> {
+    let deadline = Instant::now() + Duration::from_secs(super::workload::TTL_SECONDS);
+    loop {
+        match running_holder(targets).await {
+            Err(_) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(200)).await
+            }
+            found => return found,
+        }
+    }
+}
+
+async fn running_holder(targets: &Targets) -> Result<(String, String), String> {
     let mut latest: Option<(jiff::Timestamp, String)> = None;
     for side in targets.sides.iter() {
         let Ok(list) = Api::<LockedJob>::namespaced(side.client.clone(), NAMESPACE)

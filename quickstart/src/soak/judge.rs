@@ -155,7 +155,7 @@ fn explain(t: f64, period: f64, ttl: f64, runs: &[&Run], faults: &[Executed]) ->
         .iter()
         .filter(|f| {
             let (start, healed) = (f.started_us as f64 / 1e6, f.healed_us as f64 / 1e6);
-            start <= t + period && healed + ttl + period >= t
+            f.hit && start <= t + period && healed + ttl + period >= t
         })
         .map(|f| format!("fault {} {} ({})", f.index, f.kind, f.target))
         .collect();
@@ -178,6 +178,7 @@ fn overlaps(runs: &[&Run], faults: &[Executed], ttl: f64) -> Vec<Overlap> {
             let (from, to) = (first.enter - ttl, second.exit.unwrap_or(second.enter));
             let outside = faults.iter().any(|f| {
                 f.outside_the_model
+                    && f.hit
                     && (f.started_us as f64 / 1e6) <= to
                     && (f.healed_us as f64 / 1e6) + ttl >= from
             });
@@ -192,7 +193,7 @@ fn overlaps(runs: &[&Run], faults: &[Executed], ttl: f64) -> Vec<Overlap> {
 }
 
 /// Accepted writes whose token is below one the store had accepted before they were sent.
-fn stale_accepted(writes: &[&StoreWrite]) -> usize {
+pub fn stale_accepted(writes: &[&StoreWrite]) -> usize {
     writes
         .iter()
         .filter(|w| {
@@ -264,6 +265,7 @@ mod tests {
             index: 0,
             kind,
             outside_the_model: outside,
+            hit: true,
             target: "x".into(),
             started_us: (from * 1e6) as u64,
             healed_us: (to * 1e6) as u64,
@@ -353,6 +355,16 @@ mod tests {
                 vec![],
                 vec![fault("kill-node", false, T0 + 5.0, T0 + 8.0)],
                 |r| r.missed.len() == 1 && r.objections().is_empty(),
+            ),
+            (
+                "a fault that hit nothing explains nothing",
+                vec![clean[0].clone(), clean[2].clone()],
+                vec![],
+                vec![Executed {
+                    hit: false,
+                    ..fault("delete-replica", false, T0 + 5.0, T0 + 5.0)
+                }],
+                |r| r.missed.len() == 1 && r.objections().len() == 1,
             ),
             (
                 "an overlap inside the model",

@@ -6,6 +6,7 @@
 
 pub mod faults;
 pub mod judge;
+pub mod leader;
 pub mod schedule;
 pub mod store;
 pub mod workload;
@@ -74,6 +75,7 @@ pub struct Report {
     faults_by_kind: BTreeMap<&'static str, usize>,
     requests: Vec<Request>,
     locks: Vec<LockReport>,
+    leader: leader::LeaderReport,
     independent: BTreeMap<String, Independent>,
     /// What our checker objects to.
     ours: Vec<String>,
@@ -151,9 +153,14 @@ pub async fn run(options: &Options) -> Result<Report, String> {
             0
         };
         let side_proxies = NodeProxies::start(side, &addrs[own..own + NODES as usize])?;
+        let urls = side_proxies.urls();
+        create_namespace(side).await?;
         let replicas = format!("replicaCount={REPLICAS}");
-        side.install_operator(&side_proxies.urls(), &password, &[&replicas])?;
+        // The leader Deployment's RBAC, as users get it from the chart.
+        let leader_rbac = format!("leaderElection.namespaces={{{NAMESPACE}}}");
+        side.install_operator(&urls, &password, &[&replicas, &leader_rbac])?;
         create_workload(side, store.addrs()[index]).await?;
+        deploy_leader(side, &urls, &password, store.addrs()[index], &options.out)?;
         proxies.push(side_proxies);
     }
     let created = now_seconds();
@@ -241,6 +248,7 @@ pub async fn run(options: &Options) -> Result<Report, String> {
             })
             .collect(),
         locks: Vec::new(),
+        leader: leader::judge(&writes),
         independent: BTreeMap::new(),
         ours: Vec::new(),
         porcupine: Vec::new(),
@@ -268,6 +276,7 @@ pub async fn run(options: &Options) -> Result<Report, String> {
         }
         report.locks.push(judged);
     }
+    judge_leader(options, &writes, &mut report)?;
     let json = serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?;
     let path = options.out.join("report.json");
     std::fs::write(&path, json).map_err(|e| format!("write {}: {e}", path.display()))?;
@@ -277,6 +286,55 @@ pub async fn run(options: &Options) -> Result<Report, String> {
     std::fs::write(&runs_path, runs_json)
         .map_err(|e| format!("write {}: {e}", runs_path.display()))?;
     Ok(report)
+}
+
+/// The leader's objections: no term at all, or a stale write taken; and porcupine's verdict
+/// on its writes (the fenced-store model; its sections are not recorded).
+fn judge_leader(
+    options: &Options,
+    writes: &[store::StoreWrite],
+    report: &mut Report,
+) -> Result<(), String> {
+    let said = &report.leader;
+    if said.terms == 0 {
+        report
+            .ours
+            .push(format!("{}: no leader ever wrote", leader::LOCK));
+    }
+    if said.stale_writes_accepted > 0 {
+        report.ours.push(format!(
+            "{}: {} stale writes were accepted",
+            leader::LOCK,
+            said.stale_writes_accepted
+        ));
+    }
+    let Some(checker) = &options.porcupine_check else {
+        return Ok(());
+    };
+    let dir = options.out.join("porcupine").join(leader::LOCK);
+    std::fs::create_dir_all(&dir).map_err(|e| format!("create {}: {e}", dir.display()))?;
+    let independent = check_export(checker, &judge::export(leader::LOCK, &[], writes), &dir)
+        .map_err(|e| e.to_string())?;
+    let fenced_ok = independent.fenced_store == "ok";
+    if !fenced_ok {
+        report.porcupine.push(format!(
+            "{}: fenced-store: {}",
+            leader::LOCK,
+            independent.fenced_store
+        ));
+    }
+    if fenced_ok != (said.stale_writes_accepted == 0) {
+        report.disagreements.push(format!(
+            "{}: porcupine's fenced-store says {}, ours counts {} stale writes accepted",
+            leader::LOCK,
+            independent.fenced_store,
+            said.stale_writes_accepted
+        ));
+    }
+    report
+        .independent
+        .insert(leader::LOCK.to_string(), independent);
+    Ok(())
 }
 
 /// Porcupine's objections, and where it and our checker disagree: the store's answers fit
@@ -311,13 +369,45 @@ fn compare(lock: &str, ours: &LockReport, independent: &Independent, report: &mu
     }
 }
 
-async fn create_workload(side: &Side, store: std::net::SocketAddr) -> Result<(), String> {
+async fn create_namespace(side: &Side) -> Result<(), String> {
     let namespace = serde_json::from_value::<Namespace>(json!({"metadata": {"name": NAMESPACE}}))
         .map_err(|e| e.to_string())?;
     Api::<Namespace>::all(side.client.clone())
         .create(&PostParams::default(), &namespace)
         .await
-        .map_err(|e| format!("create namespace {NAMESPACE} on {}: {e}", side.id))?;
+        .map_err(|e| format!("create namespace {NAMESPACE} on {}: {e}", side.id))
+        .map(drop)
+}
+
+/// The leader-election example, with the Secret it names.
+fn deploy_leader(
+    side: &Side,
+    urls: &[String],
+    password: &str,
+    store: std::net::SocketAddr,
+    out: &std::path::Path,
+) -> Result<(), String> {
+    let literal = format!("--from-literal=password={password}");
+    side.tool(
+        "kubectl",
+        &[
+            "create",
+            "secret",
+            "generic",
+            "lockedjob-redis",
+            "-n",
+            NAMESPACE,
+            &literal,
+        ],
+    )?;
+    let file = out.join(format!("leader-{}.yaml", side.id));
+    std::fs::write(&file, leader::manifest(side, urls, store)?)
+        .map_err(|e| format!("write {}: {e}", file.display()))?;
+    let path = file.to_string_lossy().into_owned();
+    side.tool("kubectl", &["apply", "-f", &path]).map(drop)
+}
+
+async fn create_workload(side: &Side, store: std::net::SocketAddr) -> Result<(), String> {
     let api = Api::<LockedJob>::namespaced(side.client.clone(), NAMESPACE);
     for kind in &MIX {
         let job = workload::locked_job(kind, store).map_err(|e| e.to_string())?;
@@ -362,8 +452,8 @@ fn read_runs(
     (stop, task)
 }
 
-/// A quarter in, a run-now of `forbid` in the first cluster; halfway, a backfill of `allow`'s
-/// first two due times after the LockedJobs were created, in the second. Returns what was
+/// A quarter in, a run-now of `forbid` in the first cluster; a third in, a backfill of
+/// `allow`'s first two due times after the LockedJobs were created, in the second. Returns what was
 /// asked, when, and the kind of run it asked for.
 async fn request_runs(
     sides: Arc<Vec<Side>>,
@@ -384,7 +474,7 @@ async fn request_runs(
     )
     .await;
     asked.push((said, now_seconds(), RunKind::RunNow));
-    tokio::time::sleep(Duration::from_secs(seconds / 4)).await;
+    tokio::time::sleep(Duration::from_secs(seconds / 3 - seconds / 4)).await;
     let first = (created as i64).div_euclid(20) * 20 + 20;
     let range = format!(
         "{}/{}",
@@ -429,6 +519,19 @@ fn keep_logs(side: &Side, dir: &std::path::Path) {
     keep(
         format!("{}-events.txt", side.id),
         &["get", "events", "-A", "--sort-by=.lastTimestamp"],
+    );
+    keep(
+        format!("{}-leader.log", side.id),
+        &[
+            "logs",
+            "-n",
+            NAMESPACE,
+            "-l",
+            "app=writer",
+            "--all-containers",
+            "--prefix",
+            "--tail=-1",
+        ],
     );
     let pods = side
         .tool(
