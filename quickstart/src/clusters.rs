@@ -11,6 +11,16 @@ pub const IMAGE: &str = "ghcr.io/lockedjob/lockedjob-operator";
 /// Where the chart's release lives in each cluster.
 pub const RELEASE_NAMESPACE: &str = "lockedjob";
 
+/// Runs `work` on a runtime of two worker threads (the machine's cores), as both dev tools do.
+pub fn block_on<F: std::future::Future>(work: F) -> Result<F::Output, String> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| format!("start the async runtime: {e}"))?;
+    Ok(runtime.block_on(work))
+}
+
 pub fn repo(path: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(path)
 }

@@ -17,7 +17,7 @@ use kube::ResourceExt;
 use localcluster::Binaries;
 use lockedjob::api::LockedJob;
 use lockedjob::lab::harness::{Persistence, RedisNodes};
-use quickstart::clusters::{lockedjob_binary, NodeProxies, Side};
+use quickstart::clusters::{block_on, lockedjob_binary, NodeProxies, Side};
 use serde_json::json;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -41,18 +41,7 @@ fn main() -> ExitCode {
         .and_then(|s| s.parse().ok())
         .filter(|s| *s >= 30)
         .unwrap_or(60);
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-    {
-        Ok(runtime) => runtime,
-        Err(e) => {
-            say(format!("error: start the async runtime: {e}"));
-            return ExitCode::FAILURE;
-        }
-    };
-    match runtime.block_on(run(Duration::from_secs(seconds))) {
+    match block_on(run(Duration::from_secs(seconds))).and_then(|outcome| outcome) {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,
         Err(e) => {

@@ -3,6 +3,7 @@
 //! nodes), the control plane's binaries (`scripts/k8s-bins.sh`) and `target/debug/lockedjob`.
 
 use clap::Parser;
+use quickstart::clusters::block_on;
 use quickstart::soak::{self, say, Options};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -40,17 +41,7 @@ fn main() -> ExitCode {
         split_nodes: cli.split_nodes,
         porcupine_check: cli.porcupine_check,
     };
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(runtime) => runtime,
-        Err(e) => {
-            say(format!("error: start the async runtime: {e}"));
-            return ExitCode::FAILURE;
-        }
-    };
-    match runtime.block_on(soak::run(&options)) {
+    match block_on(soak::run(&options)).and_then(|outcome| outcome) {
         Ok(report) => {
             for objection in report.ours() {
                 say(format!("ours: {objection}"));
