@@ -61,6 +61,11 @@ fn a_short_soak_under_seeded_faults_passes_both_checkers() {
     let out = tempfile::tempdir().expect("a temp dir");
     let (code, report, stderr) = soak(&["--minutes", "3", "--seed", "28"], out.path());
     assert_eq!(code, Some(0), "the soak failed:\n{stderr}");
+    let picture = std::fs::read_to_string(out.path().join("timeline.svg")).unwrap_or_default();
+    assert!(
+        picture.matches("<rect").count() > 20,
+        "the timeline draws the runs"
+    );
     let planned = report["schedule"].as_array().map(Vec::len).unwrap_or(0);
     let faults = report["faults"].as_array().cloned().unwrap_or_default();
     assert!(

@@ -29,6 +29,8 @@ pub struct Missed {
 pub struct Overlap {
     pub first: String,
     pub second: String,
+    pub first_pod: String,
+    pub second_pod: String,
     /// No fault outside the lock's model was active around it: the lock failed.
     pub inside_the_model: bool,
 }
@@ -185,6 +187,8 @@ fn overlaps(runs: &[&Run], faults: &[Executed], ttl: f64) -> Vec<Overlap> {
             found.push(Overlap {
                 first: format!("{} ({})", first.scheduled, first.pod),
                 second: format!("{} ({})", second.scheduled, second.pod),
+                first_pod: first.pod.clone(),
+                second_pod: second.pod.clone(),
                 inside_the_model: !outside,
             });
         }

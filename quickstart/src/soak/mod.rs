@@ -9,6 +9,7 @@ pub mod judge;
 pub mod leader;
 pub mod schedule;
 pub mod store;
+pub mod timeline;
 pub mod workload;
 
 use crate::clusters::{lockedjob_binary, NodeProxies, Side};
@@ -60,11 +61,26 @@ struct Parameters {
 
 /// A run-now or backfill the soak asked for, and when its first run entered (none: it never
 /// ran).
-#[derive(Serialize)]
+#[derive(Clone, Serialize)]
 struct Request {
     asked: String,
     at: f64,
     first_run_after_s: Option<f64>,
+}
+
+impl Request {
+    fn answered(asked: String, at: f64, kind: RunKind, runs: &[workload::Run]) -> Self {
+        let first_run_after_s = runs
+            .iter()
+            .filter(|r| r.kind == kind && r.enter >= at)
+            .map(|r| r.enter - at)
+            .reduce(f64::min);
+        Self {
+            asked,
+            at,
+            first_run_after_s,
+        }
+    }
 }
 
 #[derive(Serialize)]
@@ -96,6 +112,24 @@ impl Report {
     pub fn porcupine(&self) -> &[String] {
         &self.porcupine
     }
+
+    fn timeline(&self, title: &str, seen: &Seen) -> String {
+        let locks: Vec<String> = self.locks.iter().map(|l| l.lock.clone()).collect();
+        let overlapping: Vec<String> = self
+            .locks
+            .iter()
+            .flat_map(|l| &l.overlaps)
+            .flat_map(|o| [o.first_pod.clone(), o.second_pod.clone()])
+            .collect();
+        timeline::render(
+            title,
+            &locks,
+            &seen.runs,
+            &seen.writes,
+            &seen.executed,
+            &overlapping,
+        )
+    }
 }
 
 pub fn say(text: impl std::fmt::Display) {
@@ -106,71 +140,139 @@ pub fn say(text: impl std::fmt::Display) {
 pub async fn run(options: &Options) -> Result<Report, String> {
     std::fs::create_dir_all(&options.out)
         .map_err(|e| format!("create {}: {e}", options.out.display()))?;
-    let lockedjob = lockedjob_binary()?;
-    let bins = Binaries::locate().map_err(|e| e.to_string())?;
-    let count = if options.split_nodes {
-        2 * NODES
-    } else {
-        NODES
-    } as usize;
-    let nodes = RedisNodes::start_where(count, Persistence::AppendFsyncAlways, |i| {
-        i == CLOCK_NODE as usize
-    })
-    .map_err(|e| format!("start redis-server: {e}"))?;
-    let password = format!("{:032x}", rand::random::<u128>());
-    for node in &nodes.nodes {
-        node.command::<()>(&["CONFIG", "SET", "requirepass", &password])
-            .map_err(|e| format!("set the password of {}: {e}", node.url()))?;
-    }
-    let addrs: Vec<String> = nodes.nodes.iter().map(|n| n.addr()).collect();
-    say(format!("{count} Redis nodes up (appendfsync always)"));
+    let stand = Stand::start(options).await?;
+    let seen = soak(options, stand).await?;
+    let report = judge_all(options, &seen)?;
+    write_json(&options.out.join("report.json"), &report)?;
+    let picture = report.timeline(&format!("soak, seed {}", options.seed), &seen);
+    let path = options.out.join("timeline.svg");
+    std::fs::write(&path, picture).map_err(|e| format!("write {}: {e}", path.display()))?;
+    write_json(
+        &options.out.join("runs.json"),
+        &json!({"runs": seen.runs, "writes": seen.writes}),
+    )?;
+    Ok(report)
+}
 
-    let started = Instant::now();
-    let (east, west) = tokio::join!(
-        Side::start(CLUSTERS[0], &lockedjob, &bins),
-        Side::start(CLUSTERS[1], &lockedjob, &bins)
-    );
-    let sides = Arc::new(vec![east?, west?]);
-    say(format!(
-        "clusters ready in {:.0} s",
-        started.elapsed().as_secs_f64()
-    ));
+fn write_json(path: &std::path::Path, value: &impl Serialize) -> Result<(), String> {
+    let json = serde_json::to_string_pretty(value).map_err(|e| e.to_string())?;
+    std::fs::write(path, json).map_err(|e| format!("write {}: {e}", path.display()))
+}
 
-    let store = FencedStore::start(
-        &sides
-            .iter()
-            .map(|s| s.cluster.host_ip().into())
-            .collect::<Vec<_>>(),
-    )
-    .await
-    .map_err(|e| format!("start the fenced store: {e}"))?;
-    let mut proxies = Vec::new();
-    for (index, side) in sides.iter().enumerate() {
-        // The broken deployment: the second cluster's own five nodes.
-        let own = if options.split_nodes {
-            index * NODES as usize
+/// What the soak runs on: the nodes, the two clusters with the operator, the workload and the
+/// leader Deployment, the store, the proxies.
+struct Stand {
+    nodes: RedisNodes,
+    password: String,
+    sides: Arc<Vec<Side>>,
+    store: FencedStore,
+    proxies: Vec<NodeProxies>,
+    /// When the LockedJobs were created, in seconds since the epoch.
+    created: f64,
+}
+
+impl Stand {
+    async fn start(options: &Options) -> Result<Self, String> {
+        let lockedjob = lockedjob_binary()?;
+        let bins = Binaries::locate().map_err(|e| e.to_string())?;
+        let count = if options.split_nodes {
+            2 * NODES
         } else {
-            0
-        };
-        let side_proxies = NodeProxies::start(side, &addrs[own..own + NODES as usize])?;
-        let urls = side_proxies.urls();
-        create_namespace(side).await?;
-        let replicas = format!("replicaCount={REPLICAS}");
-        // The leader Deployment's RBAC, as users get it from the chart.
-        let leader_rbac = format!("leaderElection.namespaces={{{NAMESPACE}}}");
-        side.install_operator(&urls, &password, &[&replicas, &leader_rbac])?;
-        create_workload(side, store.addrs()[index]).await?;
-        deploy_leader(side, &urls, &password, store.addrs()[index], &options.out)?;
-        proxies.push(side_proxies);
+            NODES
+        } as usize;
+        let nodes = RedisNodes::start_where(count, Persistence::AppendFsyncAlways, |i| {
+            i == CLOCK_NODE as usize
+        })
+        .map_err(|e| format!("start redis-server: {e}"))?;
+        let password = format!("{:032x}", rand::random::<u128>());
+        for node in &nodes.nodes {
+            node.command::<()>(&["CONFIG", "SET", "requirepass", &password])
+                .map_err(|e| format!("set the password of {}: {e}", node.url()))?;
+        }
+        say(format!("{count} Redis nodes up (appendfsync always)"));
+        let started = Instant::now();
+        let (east, west) = tokio::join!(
+            Side::start(CLUSTERS[0], &lockedjob, &bins),
+            Side::start(CLUSTERS[1], &lockedjob, &bins)
+        );
+        let sides = Arc::new(vec![east?, west?]);
+        say(format!(
+            "clusters ready in {:.0} s",
+            started.elapsed().as_secs_f64()
+        ));
+        let on: Vec<std::net::IpAddr> = sides.iter().map(|s| s.cluster.host_ip().into()).collect();
+        let store = FencedStore::start(&on)
+            .await
+            .map_err(|e| format!("start the fenced store: {e}"))?;
+        let addrs: Vec<String> = nodes.nodes.iter().map(|n| n.addr()).collect();
+        let mut proxies = Vec::new();
+        for (index, side) in sides.iter().enumerate() {
+            // The broken deployment: the second cluster's own five nodes.
+            let own = if options.split_nodes {
+                index * NODES as usize
+            } else {
+                0
+            };
+            let side_proxies = NodeProxies::start(side, &addrs[own..own + NODES as usize])?;
+            install(
+                side,
+                &side_proxies.urls(),
+                &password,
+                store.addrs()[index],
+                &options.out,
+            )
+            .await?;
+            proxies.push(side_proxies);
+        }
+        say(format!(
+            "operator installed ({REPLICAS} replicas), {} LockedJobs and the leader Deployment applied in both clusters",
+            MIX.len()
+        ));
+        Ok(Self {
+            nodes,
+            password,
+            sides,
+            store,
+            proxies,
+            created: now_seconds(),
+        })
     }
-    let created = now_seconds();
-    say(format!(
-        "operator installed ({REPLICAS} replicas) and {} LockedJobs applied in both clusters; soaking for {} s, seed {}",
-        MIX.len(),
-        options.seconds,
-        options.seed
-    ));
+}
 
+/// The operator by the chart, the LockedJobs and the leader Deployment, in one cluster.
+async fn install(
+    side: &Side,
+    urls: &[String],
+    password: &str,
+    store: std::net::SocketAddr,
+    out: &std::path::Path,
+) -> Result<(), String> {
+    create_namespace(side).await?;
+    let replicas = format!("replicaCount={REPLICAS}");
+    // The leader Deployment's RBAC, as users get it from the chart.
+    let leader_rbac = format!("leaderElection.namespaces={{{NAMESPACE}}}");
+    side.install_operator(urls, password, &[&replicas, &leader_rbac])?;
+    create_workload(side, store).await?;
+    deploy_leader(side, urls, password, store, out)
+}
+
+/// What the soak saw.
+struct Seen {
+    plan: Vec<Planned>,
+    executed: Vec<Executed>,
+    requests: Vec<Request>,
+    runs: Vec<workload::Run>,
+    writes: Vec<store::StoreWrite>,
+    span: Span,
+}
+
+/// The faults carried out while the runs are read; then the LockedJobs suspended and the
+/// last runs read.
+async fn soak(options: &Options, stand: Stand) -> Result<Seen, String> {
+    say(format!(
+        "soaking for {} s, seed {}",
+        options.seconds, options.seed
+    ));
     let shape = Shape {
         seconds: options.seconds,
         ttl_ms: TTL_SECONDS * 1000,
@@ -180,17 +282,19 @@ pub async fn run(options: &Options) -> Result<Report, String> {
     };
     let plan = schedule::schedule(options.seed, shape);
     let start = Instant::now();
+    let sides = stand.sides.clone();
     let collector = Arc::new(tokio::sync::Mutex::new(Collector::default()));
     let (stop_reading, reading) = read_runs(sides.clone(), collector.clone());
-    let requests = tokio::spawn(request_runs(sides.clone(), options.seconds, created));
-    let nodes = Arc::new(Mutex::new(nodes));
-    // Held to the end: the pods reach the nodes through them.
-    let proxies = Arc::new(proxies);
+    let requests = tokio::spawn(request_runs(sides.clone(), options.seconds, stand.created));
+    // Held to the end, not only while faults are carried out: the nodes stop when dropped,
+    // and the pods reach them through the proxies.
+    let proxies = Arc::new(stand.proxies);
+    let nodes = Arc::new(Mutex::new(stand.nodes));
     let targets = Targets {
         sides: sides.clone(),
         nodes: nodes.clone(),
         proxies: proxies.clone(),
-        password: password.clone(),
+        password: stand.password,
     };
     let executed = carry_out(&plan, start, targets).await;
     tokio::time::sleep_until((start + Duration::from_secs(options.seconds)).into()).await;
@@ -202,22 +306,33 @@ pub async fn run(options: &Options) -> Result<Report, String> {
     tokio::time::sleep(Duration::from_secs(20)).await;
     let _ = stop_reading.send(());
     let _ = reading.await;
-    {
-        let mut collector = collector.lock().await;
-        for side in sides.iter() {
-            collector.read(side.id, &side.client).await;
-        }
+    let mut collector = collector.lock().await;
+    for side in sides.iter() {
+        collector.read(side.id, &side.client).await;
     }
-    let runs = collector.lock().await.runs();
-    drop(proxies);
+    let runs = collector.runs();
+    drop((proxies, nodes));
     for side in sides.iter() {
         keep_logs(side, &options.out.join("logs"));
     }
-    let writes = store.log();
-    let span = Span {
-        from: created + TTL_SECONDS as f64,
-        to: suspended - TTL_SECONDS as f64,
-    };
+    Ok(Seen {
+        requests: requests
+            .into_iter()
+            .map(|(asked, at, kind)| Request::answered(asked, at, kind, &runs))
+            .collect(),
+        plan,
+        executed,
+        runs,
+        writes: stand.store.log(),
+        span: Span {
+            from: stand.created + TTL_SECONDS as f64,
+            to: suspended - TTL_SECONDS as f64,
+        },
+    })
+}
+
+/// Both checkers on every lock and on the leader's writes.
+fn judge_all(options: &Options, seen: &Seen) -> Result<Report, String> {
     let mut report = Report {
         parameters: Parameters {
             seed: options.seed,
@@ -229,62 +344,44 @@ pub async fn run(options: &Options) -> Result<Report, String> {
             replicas: REPLICAS,
             mix: MIX,
         },
-        faults_by_kind: executed.iter().fold(BTreeMap::new(), |mut m, f| {
+        faults_by_kind: seen.executed.iter().fold(BTreeMap::new(), |mut m, f| {
             *m.entry(f.kind).or_default() += 1;
             m
         }),
-        schedule: plan,
-        faults: executed,
-        requests: requests
-            .into_iter()
-            .map(|(asked, at, kind)| Request {
-                first_run_after_s: runs
-                    .iter()
-                    .filter(|r| r.kind == kind && r.enter >= at)
-                    .map(|r| r.enter - at)
-                    .reduce(f64::min),
-                asked,
-                at,
-            })
-            .collect(),
+        schedule: seen.plan.clone(),
+        faults: seen.executed.clone(),
+        requests: seen.requests.clone(),
         locks: Vec::new(),
-        leader: leader::judge(&writes),
+        leader: leader::judge(&seen.writes),
         independent: BTreeMap::new(),
         ours: Vec::new(),
         porcupine: Vec::new(),
         disagreements: Vec::new(),
     };
+    let ttl = TTL_SECONDS as f64;
     for kind in &MIX {
         let lock = lock_name(kind);
         let judged = judge::judge(
             kind,
             &lock,
-            &runs,
-            &writes,
-            &report.faults,
-            span,
-            TTL_SECONDS as f64,
+            &seen.runs,
+            &seen.writes,
+            &seen.executed,
+            seen.span,
+            ttl,
         );
         report.ours.extend(judged.objections());
         if let Some(checker) = &options.porcupine_check {
             let dir = options.out.join("porcupine").join(&lock);
             std::fs::create_dir_all(&dir).map_err(|e| format!("create {}: {e}", dir.display()))?;
-            let independent = check_export(checker, &judge::export(&lock, &runs, &writes), &dir)
-                .map_err(|e| e.to_string())?;
+            let export = judge::export(&lock, &seen.runs, &seen.writes);
+            let independent = check_export(checker, &export, &dir).map_err(|e| e.to_string())?;
             compare(&lock, &judged, &independent, &mut report);
             report.independent.insert(lock.clone(), independent);
         }
         report.locks.push(judged);
     }
-    judge_leader(options, &writes, &mut report)?;
-    let json = serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?;
-    let path = options.out.join("report.json");
-    std::fs::write(&path, json).map_err(|e| format!("write {}: {e}", path.display()))?;
-    let runs_path = options.out.join("runs.json");
-    let runs_json = serde_json::to_string_pretty(&json!({"runs": runs, "writes": writes}))
-        .map_err(|e| e.to_string())?;
-    std::fs::write(&runs_path, runs_json)
-        .map_err(|e| format!("write {}: {e}", runs_path.display()))?;
+    judge_leader(options, &seen.writes, &mut report)?;
     Ok(report)
 }
 

@@ -232,11 +232,10 @@ impl Collector {
             if self.seen.get(&key).is_some_and(|s| s.done) {
                 continue;
             }
-            let job = pod
-                .labels()
-                .get("batch.kubernetes.io/job-name")
-                .cloned()
-                .unwrap_or_default();
+            // Runs only: the leader's pods share the namespace.
+            let Some(job) = pod.labels().get("batch.kubernetes.io/job-name").cloned() else {
+                continue;
+            };
             let kind = self
                 .kinds
                 .get(&(id.to_string(), job))
