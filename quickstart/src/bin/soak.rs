@@ -17,7 +17,7 @@ struct Cli {
     /// The fault schedule's seed: the same seed gives the same schedule.
     #[arg(long, default_value_t = 1)]
     seed: u64,
-    /// Where `report.json`, `runs.json` and porcupine's input go.
+    /// Where `report.json`, `runs.json`, `timeline.svg`, porcupine's input and the logs go.
     #[arg(long, default_value = "target/soak")]
     out: PathBuf,
     /// The broken deployment both checkers must catch: each cluster its own lock nodes.
