@@ -262,8 +262,11 @@ async fn heal(hit: &Hit, targets: &Targets, nesting: &Nesting) {
             pod, pid, service, ..
         } => {
             if nesting.leave(&format!("cut/{pod}")) {
-                // The pod may be gone, and its network namespace with it.
-                let _ = iptables_in(*pid, "-D", service);
+                // The container may have been restarted meanwhile (a kill -9): its new process
+                // shares the pod's network namespace. The pod may be gone, and the namespace
+                // with it.
+                let now = pids_of(pod, "lockedjob").first().copied().unwrap_or(*pid);
+                let _ = iptables_in(now, "-D", service);
             }
         }
         Hit::Apiserver { cluster } => {
