@@ -1,11 +1,14 @@
 //! Two local clusters sharing local Redis nodes, with the operator installed by the chart in
 //! each: what the quickstart and the soak both stand on.
 
+use kube::api::{Api, ListParams};
 use kube::Client;
 use localcluster::{Binaries, LocalCluster, Options};
+use lockedjob::api::{LockedJob, RunOutcome};
 use lockedjob::lab::harness::FaultProxy;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 pub const IMAGE: &str = "ghcr.io/lockedjob/lockedjob-operator";
 /// Where the chart's release lives in each cluster.
@@ -141,6 +144,47 @@ impl Side {
             args.extend(["--set", value]);
         }
         self.tool("helm", &args).map(drop)
+    }
+}
+
+/// The side and pod of the replica holding a run now: the holder of the latest `lastRun` still
+/// running among the LockedJobs of `namespace` in every cluster. Runs are short beside their
+/// periods, so it looks again every 200 ms for up to `wait`.
+pub async fn running_holder(
+    sides: &[Side],
+    namespace: &str,
+    wait: Duration,
+) -> Option<(usize, String)> {
+    let deadline = Instant::now() + wait;
+    loop {
+        let mut latest: Option<(jiff::Timestamp, String)> = None;
+        for side in sides {
+            let Ok(list) = Api::<LockedJob>::namespaced(side.client.clone(), namespace)
+                .list(&ListParams::default())
+                .await
+            else {
+                continue;
+            };
+            for run in list.items.into_iter().filter_map(|lj| lj.status?.last_run) {
+                if run.outcome == RunOutcome::Running
+                    && latest
+                        .as_ref()
+                        .is_none_or(|(t, _)| run.scheduled_time.0 > *t)
+                {
+                    latest = Some((run.scheduled_time.0, run.holder));
+                }
+            }
+        }
+        // The holder is `CLUSTER/POD`, the cluster being its side's id (the chart's clusterId).
+        let found = latest.and_then(|(_, holder)| {
+            let (cluster, pod) = holder.split_once('/')?;
+            let side = sides.iter().position(|s| s.id == cluster)?;
+            Some((side, pod.to_string()))
+        });
+        if found.is_some() || Instant::now() >= deadline {
+            return found;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
 

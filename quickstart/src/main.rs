@@ -17,7 +17,7 @@ use kube::ResourceExt;
 use localcluster::Binaries;
 use lockedjob::api::LockedJob;
 use lockedjob::lab::harness::{Persistence, RedisNodes};
-use quickstart::clusters::{block_on, lockedjob_binary, NodeProxies, Side};
+use quickstart::clusters::{block_on, lockedjob_binary, running_holder, NodeProxies, Side};
 use serde_json::json;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -100,7 +100,8 @@ async fn run(length: Duration) -> Result<bool, String> {
     ));
 
     tokio::time::sleep(length / 2).await;
-    match current_holder(&sides).await {
+    let wait = Duration::from_secs(3 * PERIOD_SECONDS);
+    match running_holder(&sides, NAMESPACE, wait).await {
         Some((side, pod)) => {
             say(format!(
                 "deleting the holder's pod: {}/{pod} (it hands the run over)",
@@ -210,41 +211,6 @@ async fn create_locked_job(side: &Side) -> Result<(), String> {
             Err(_) => tokio::time::sleep(Duration::from_millis(500)).await,
         }
     }
-}
-
-/// The side and pod holding the run in flight, if any: the latest `lastRun` still running.
-async fn current_holder(sides: &[Side]) -> Option<(usize, String)> {
-    let deadline = Instant::now() + Duration::from_secs(3 * PERIOD_SECONDS);
-    while Instant::now() < deadline {
-        let mut latest: Option<(jiff::Timestamp, usize, String)> = None;
-        for (index, side) in sides.iter().enumerate() {
-            let Ok(lj) = Api::<LockedJob>::namespaced(side.client.clone(), NAMESPACE)
-                .get("report")
-                .await
-            else {
-                continue;
-            };
-            let Some(run) = lj.status.and_then(|s| s.last_run) else {
-                continue;
-            };
-            let running = run.outcome == lockedjob::api::RunOutcome::Running;
-            if running
-                && latest
-                    .as_ref()
-                    .is_none_or(|(t, _, _)| run.scheduled_time.0 > *t)
-            {
-                let pod = run.holder.split_once('/').map(|(_, p)| p.to_string());
-                if let Some(pod) = pod {
-                    latest = Some((run.scheduled_time.0, index, pod));
-                }
-            }
-        }
-        if let Some((_, index, pod)) = latest {
-            return Some((index, pod));
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    None
 }
 
 /// Every finished run of both clusters, read from its pod's output; and how many Jobs have

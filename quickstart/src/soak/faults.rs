@@ -6,11 +6,10 @@
 use super::schedule::{Fault, Planned, CLOCK_NODE, WIPED_NODE};
 use super::store::now_us;
 use super::workload::NAMESPACE;
-use crate::clusters::{NodeProxies, Side, RELEASE_NAMESPACE};
+use crate::clusters::{running_holder, NodeProxies, Side, RELEASE_NAMESPACE};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, ListParams};
 use kube::ResourceExt;
-use lockedjob::api::{LockedJob, RunOutcome};
 use lockedjob::lab::harness::{ProxyMode, RedisNodes};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
@@ -32,6 +31,13 @@ pub struct Executed {
     pub target: String,
     pub started_us: u64,
     pub healed_us: u64,
+}
+
+impl Executed {
+    /// From its start to its heal, in seconds since the epoch.
+    pub fn window(&self) -> (f64, f64) {
+        (self.started_us as f64 / 1e6, self.healed_us as f64 / 1e6)
+    }
 }
 
 /// What the faults act on.
@@ -427,44 +433,13 @@ async fn replica_pod(
     Ok((side.id.to_string(), pod))
 }
 
-/// The replica holding a run: the holder of the latest running `lastRun` of any LockedJob in
-/// either cluster, waiting up to a TTL for one (runs are short beside their periods).
+/// The replica holding a run, waiting up to a TTL for one.
 async fn holder(targets: &Targets) -> Result<(String, String), String> {
-    let deadline = Instant::now() + Duration::from_secs(super::workload::TTL_SECONDS);
-    loop {
-        match running_holder(targets).await {
-            Err(_) if Instant::now() < deadline => {
-                tokio::time::sleep(Duration::from_millis(200)).await
-            }
-            found => return found,
-        }
-    }
-}
-
-async fn running_holder(targets: &Targets) -> Result<(String, String), String> {
-    let mut latest: Option<(jiff::Timestamp, String)> = None;
-    for side in targets.sides.iter() {
-        let Ok(list) = Api::<LockedJob>::namespaced(side.client.clone(), NAMESPACE)
-            .list(&ListParams::default())
-            .await
-        else {
-            continue;
-        };
-        for run in list.items.into_iter().filter_map(|lj| lj.status?.last_run) {
-            if run.outcome == RunOutcome::Running
-                && latest
-                    .as_ref()
-                    .is_none_or(|(t, _)| run.scheduled_time.0 > *t)
-            {
-                latest = Some((run.scheduled_time.0, run.holder));
-            }
-        }
-    }
-    let (_, holder) = latest.ok_or("no run is in flight")?;
-    let (cluster, pod) = holder
-        .split_once('/')
-        .ok_or_else(|| format!("holder {holder:?} is not CLUSTER/POD"))?;
-    Ok((cluster.to_string(), pod.to_string()))
+    let wait = Duration::from_secs(super::workload::TTL_SECONDS);
+    let (side, pod) = running_holder(&targets.sides, NAMESPACE, wait)
+        .await
+        .ok_or("no run is in flight")?;
+    Ok((targets.sides[side].id.to_string(), pod))
 }
 
 /// The processes of pod `pod` whose command line names `program`: found by the `HOSTNAME` the

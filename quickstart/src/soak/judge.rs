@@ -156,7 +156,7 @@ fn explain(t: f64, period: f64, ttl: f64, runs: &[&Run], faults: &[Executed]) ->
     let mut said: Vec<String> = faults
         .iter()
         .filter(|f| {
-            let (start, healed) = (f.started_us as f64 / 1e6, f.healed_us as f64 / 1e6);
+            let (start, healed) = f.window();
             f.hit && start <= t + period && healed + ttl + period >= t
         })
         .map(|f| format!("fault {} {} ({})", f.index, f.kind, f.target))
@@ -179,10 +179,8 @@ fn overlaps(runs: &[&Run], faults: &[Executed], ttl: f64) -> Vec<Overlap> {
         for second in ended[i + 1..].iter().take_while(|s| s.enter < first_exit) {
             let (from, to) = (first.enter - ttl, second.exit.unwrap_or(second.enter));
             let outside = faults.iter().any(|f| {
-                f.outside_the_model
-                    && f.hit
-                    && (f.started_us as f64 / 1e6) <= to
-                    && (f.healed_us as f64 / 1e6) + ttl >= from
+                let (start, healed) = f.window();
+                f.outside_the_model && f.hit && start <= to && healed + ttl >= from
             });
             found.push(Overlap {
                 first: format!("{} ({})", first.scheduled, first.pod),

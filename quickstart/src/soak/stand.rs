@@ -6,12 +6,12 @@ use super::config::{say, Options, CLUSTERS, REPLICAS};
 use super::leader;
 use super::schedule::{CLOCK_NODE, NODES};
 use super::store::FencedStore;
-use super::workload::{self, now_seconds, RunKind, MIX, NAMESPACE};
+use super::workload::{self, now_seconds, RunKind, ALLOW, FORBID, MIX, NAMESPACE};
 use crate::clusters::{lockedjob_binary, NodeProxies, Side};
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use localcluster::Binaries;
-use lockedjob::api::LockedJob;
+use lockedjob::api::{LockedJob, ANNOTATION_BACKFILL, ANNOTATION_RUN_NOW};
 use lockedjob::lab::harness::{Persistence, RedisNodes};
 use serde_json::json;
 use std::sync::Arc;
@@ -184,32 +184,21 @@ pub(super) async fn request_runs(
 ) -> Vec<(String, f64, RunKind)> {
     let mut asked = Vec::new();
     tokio::time::sleep(Duration::from_secs(seconds / 4)).await;
-    // A time off `forbid`'s 10 s grid, so that it is told from a scheduled run.
-    let now = now_seconds() as i64;
-    let at = now - now.rem_euclid(10) - 5;
+    // A time off `forbid`'s grid, so that it is told from a scheduled run.
+    let (now, period) = (now_seconds() as i64, FORBID.period as i64);
+    let at = now - now.rem_euclid(period) - period / 2;
     let run_now = format!("{}", jiff::Timestamp::from_second(at).unwrap_or_default());
-    let said = annotate(
-        &sides[0],
-        "forbid",
-        lockedjob::api::ANNOTATION_RUN_NOW,
-        &run_now,
-    )
-    .await;
+    let said = annotate(&sides[0], FORBID.name, ANNOTATION_RUN_NOW, &run_now).await;
     asked.push((said, now_seconds(), RunKind::RunNow));
     tokio::time::sleep(Duration::from_secs(seconds / 3 - seconds / 4)).await;
-    let first = (created as i64).div_euclid(20) * 20 + 20;
+    let period = ALLOW.period as i64;
+    let first = (created as i64).div_euclid(period) * period + period;
     let range = format!(
         "{}/{}",
         jiff::Timestamp::from_second(first).unwrap_or_default(),
-        jiff::Timestamp::from_second(first + 20).unwrap_or_default()
+        jiff::Timestamp::from_second(first + period).unwrap_or_default()
     );
-    let said = annotate(
-        &sides[1],
-        "allow",
-        lockedjob::api::ANNOTATION_BACKFILL,
-        &range,
-    )
-    .await;
+    let said = annotate(&sides[1], ALLOW.name, ANNOTATION_BACKFILL, &range).await;
     asked.push((said, now_seconds(), RunKind::Backfill));
     asked
 }

@@ -53,8 +53,7 @@ pub fn render(
         .iter()
         .map(|r| r.enter)
         .chain(runs.iter().filter_map(|r| r.exit))
-        .chain(faults.iter().map(|f| f.started_us as f64 / 1e6))
-        .chain(faults.iter().map(|f| f.healed_us as f64 / 1e6));
+        .chain(faults.iter().flat_map(|f| <[f64; 2]>::from(f.window())));
     let (from, to) = times.fold((f64::MAX, f64::MIN), |(a, b), t| (a.min(t), b.max(t)));
     let scale = Scale { from, to };
     let mut kinds: Vec<&str> = faults.iter().map(|f| f.kind).collect();
@@ -110,8 +109,8 @@ pub fn render(
         let lane = leader_lane + 1 + offset;
         label(&mut svg, lane, kind);
         for fault in faults.iter().filter(|f| f.kind == *kind && f.hit) {
-            let x = scale.x(fault.started_us as f64 / 1e6);
-            let end = scale.x(fault.healed_us as f64 / 1e6);
+            let (start, healed) = fault.window();
+            let (x, end) = (scale.x(start), scale.x(healed));
             let fill = if fault.outside_the_model {
                 "#fb8c00"
             } else {

@@ -28,14 +28,26 @@ pub struct Kind {
     pub catch_up_all: bool,
 }
 
+/// The run-now's LockedJob.
+pub const FORBID: Kind = Kind {
+    name: "forbid",
+    policy: "Forbid",
+    period: 10,
+    work_seconds: 2,
+    catch_up_all: true,
+};
+
+/// The backfill's LockedJob.
+pub const ALLOW: Kind = Kind {
+    name: "allow",
+    policy: "Allow",
+    period: 20,
+    work_seconds: 2,
+    catch_up_all: false,
+};
+
 pub const MIX: [Kind; 4] = [
-    Kind {
-        name: "forbid",
-        policy: "Forbid",
-        period: 10,
-        work_seconds: 2,
-        catch_up_all: true,
-    },
+    FORBID,
     Kind {
         name: "replace",
         policy: "Replace",
@@ -50,13 +62,7 @@ pub const MIX: [Kind; 4] = [
         work_seconds: 2,
         catch_up_all: false,
     },
-    Kind {
-        name: "allow",
-        policy: "Allow",
-        period: 20,
-        work_seconds: 2,
-        catch_up_all: false,
-    },
+    ALLOW,
 ];
 
 /// The lock every cluster's LockedJob of this kind shares.

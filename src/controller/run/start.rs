@@ -70,11 +70,6 @@ pub async fn start(ctx: Arc<Context>, run: Run) {
         // Someone holds the lock for this time: it runs there. Try again only once their
         // lease could have expired (they may have died before creating the Job).
         Err(NotStarted::RunningElsewhere) => settled.set(key, Instant::now() + ttl),
-        // The lock is held for something else (an earlier run still going, or a winner of
-        // this time that has not recorded it yet): try again when the LockedJob's last run
-        // changes (that run ended, or this one started), which every replica sees as a status
-        // update, rather than at each of the bursts of Job events before it; after a TTL at
-        // the latest (a holder that died updates nothing).
         // A run-now waits for nobody's end: the lock is often held by another cluster's runs,
         // which this LockedJob's status never shows, and waiting a TTL from a scheduled run's
         // start lands on the next one's (seen in the soak: a run-now held back until the
@@ -82,6 +77,11 @@ pub async fn start(ctx: Arc<Context>, run: Run) {
         Err(NotStarted::Contended) if manual => {
             settled.set(key, Instant::now() + jittered(FAILED_PAUSE))
         }
+        // The lock is held for something else (an earlier run still going, or a winner of
+        // this time that has not recorded it yet): try again when the LockedJob's last run
+        // changes (that run ended, or this one started), which every replica sees as a status
+        // update, rather than at each of the bursts of Job events before it; after a TTL at
+        // the latest (a holder that died updates nothing).
         Err(NotStarted::Contended) => {
             settled.set_until_changed(key, Instant::now() + ttl, last_run)
         }
