@@ -17,6 +17,8 @@ pub const LABEL_LOCKED_JOB: &str = "lockedjob.dev/locked-job";
 pub const LABEL_MANUAL: &str = "lockedjob.dev/manual";
 /// Label on Jobs started by a backfill (`lockedjob.dev/backfill`) rather than the schedule.
 pub const LABEL_BACKFILL: &str = "lockedjob.dev/backfill";
+/// Set by the Job controller on every pod it makes for a Job.
+pub const LABEL_POD_JOB_NAME: &str = "batch.kubernetes.io/job-name";
 
 /// What a run was started by.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -24,9 +24,10 @@ use tokio_util::task::TaskTracker;
 /// One request the operator made.
 #[derive(Debug, Clone)]
 pub(super) struct Seen {
-    method: String,
-    path: String,
-    body: Value,
+    pub(super) method: String,
+    pub(super) path: String,
+    pub(super) query: String,
+    pub(super) body: Value,
 }
 
 pub(super) type Answer = Box<dyn Fn(&Seen) -> (u16, Value) + Send>;
@@ -40,13 +41,19 @@ pub(super) fn api_server(answer: Answer) -> (kube::Client, Arc<Mutex<Vec<Seen>>>
         while let Some((request, reply)) = handle.next_request().await {
             let method = request.method().to_string();
             let path = request.uri().path().to_string();
+            let query = request.uri().query().unwrap_or_default().to_string();
             let bytes = request
                 .into_body()
                 .collect_bytes()
                 .await
                 .unwrap_or_default();
             let body = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-            let seen = Seen { method, path, body };
+            let seen = Seen {
+                method,
+                path,
+                query,
+                body,
+            };
             let (status, reply_body) = answer(&seen);
             if let Ok(mut all) = record.lock() {
                 all.push(seen);
@@ -63,7 +70,7 @@ pub(super) fn api_server(answer: Answer) -> (kube::Client, Arc<Mutex<Vec<Seen>>>
 }
 
 /// Requests so far, once the runs and Events the reconcile started have ended.
-async fn requests(ctx: &Context, seen: &Arc<Mutex<Vec<Seen>>>) -> Vec<Seen> {
+pub(super) async fn requests(ctx: &Context, seen: &Arc<Mutex<Vec<Seen>>>) -> Vec<Seen> {
     ctx.tasks.close();
     let _ = tokio::time::timeout(Duration::from_secs(5), ctx.tasks.wait()).await;
     seen.lock().map(|s| s.clone()).unwrap_or_default()

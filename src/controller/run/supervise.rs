@@ -1,10 +1,10 @@
 //! Stage 3 of a run: renew the lease under the watchdog while the Job runs, act on lease loss
-//! (delete the Job before the deadline, unless another holder has it now), and record how the
+//! (delete the Job and its pods before the deadline, unless another holder has it now), and record how the
 //! run ended (docs/design.md, "A run's life in the operator", 3 to 6).
 
 use super::super::context::Context;
 use super::super::events::{self, Reason};
-use super::super::jobs::{job_state, JobState};
+use super::super::jobs::{job_state, JobState, LABEL_POD_JOB_NAME};
 use super::super::runs::{Claim, JobKey};
 use super::super::status::{condition_is_true, ConditionUpdate};
 use super::super::subject::Subject;
@@ -16,7 +16,8 @@ use crate::metrics::RunResult;
 use crate::redlock::{Lease, LeaseTiming, Watchdog};
 use jiff::Timestamp;
 use k8s_openapi::api::batch::v1::Job;
-use kube::api::{Api, DeleteParams};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, DeleteParams, ListParams};
 use serde_json::json;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -143,9 +144,8 @@ async fn on_lock_lost(
                 left_ms = left.as_millis() as u64,
                 "lease lost: deleting the Job before the lease deadline"
             );
-            let limit = left.max(Duration::from_millis(100));
-            bounded(limit, jobs.delete(job_name, &DeleteParams::foreground())).await;
-            format!("lease on {} lost (no Redis quorum renewed it); Job {job_name} deleted before the lease deadline", lease.name())
+            stop_job(ctx, subject, jobs, job_name, deadline).await;
+            format!("lease on {} lost (no Redis quorum renewed it); Job {job_name} and its pods deleted before the lease deadline", lease.name())
         }
     };
     events::publish(ctx, &subject.lj, Reason::LockLost, message.clone());
@@ -165,6 +165,32 @@ async fn on_lock_lost(
         Some(message),
     );
     patch_status(ctx, subject, json!({"lastRun": last})).await;
+}
+
+/// Deletes the Job, then its pods. The Job controller makes no pod for a Job being deleted,
+/// but the pods it already made go only when the garbage collector gets to them: after an API
+/// server restart a Pending pod outlived its Job's deletion, was scheduled and ran without a
+/// lease (seen in the cluster soak). A Pending pod is removed at once when deleted.
+async fn stop_job(
+    ctx: &Context,
+    subject: &Subject,
+    jobs: &Api<Job>,
+    job_name: &str,
+    deadline: Instant,
+) {
+    let left = || {
+        deadline
+            .saturating_duration_since(Instant::now())
+            .max(Duration::from_millis(100))
+    };
+    bounded(left(), jobs.delete(job_name, &DeleteParams::foreground())).await;
+    let pods: Api<Pod> = subject.api(&ctx.client);
+    let of_the_job = ListParams::default().labels(&format!("{LABEL_POD_JOB_NAME}={job_name}"));
+    bounded(
+        left(),
+        pods.delete_collection(&DeleteParams::default(), &of_the_job),
+    )
+    .await;
 }
 
 async fn on_finished(ctx: &Context, subject: &Subject, run: &HeldRun, state: JobState, held: bool) {
@@ -205,5 +231,69 @@ async fn on_finished(ctx: &Context, subject: &Subject, run: &HeldRun, state: Job
             generation: None,
         };
         update_condition(ctx, subject, update).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{on_lock_lost, HeldRun};
+    use crate::controller::reconcile_tests::{api_server, context_on, locked_job, requests};
+    use crate::controller::subject::Subject;
+    use crate::lab::harness::{Persistence, RedisNodes};
+    use crate::redlock::LeaseTiming;
+    use jiff::Timestamp;
+    use k8s_openapi::api::batch::v1::Job;
+    use kube::api::Api;
+    use serde_json::json;
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    /// With the lease lost and nobody else holding the lock, the Job is deleted and then its
+    /// pods, by the Job controller's label: a Pending pod must not wait for the garbage
+    /// collector (against real nodes, which still name this replica as the holder).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_lost_lease_deletes_the_job_then_its_pods() {
+        let nodes = RedisNodes::start(3, Persistence::None).expect("start redis-server");
+        let (client, seen) = api_server(Box::new(|_| (200, json!({}))));
+        let ctx = context_on(client, Vec::new(), nodes.urls(), Duration::from_secs(2));
+        let ttl = Duration::from_secs(30);
+        let lease = ctx
+            .engine
+            .try_acquire("lockedjob:team-a:report", ttl)
+            .await
+            .expect("the lock");
+        let subject = Subject::of(Arc::new(locked_job(json!({})))).expect("namespaced");
+        let jobs: Api<Job> = subject.api(&ctx.client);
+        let run = HeldRun {
+            job_name: "report-29000000".into(),
+            lease,
+            timing: LeaseTiming::from_ttl(ttl),
+            scheduled: Timestamp::now(),
+        };
+        let deadline = Instant::now() + Duration::from_secs(5);
+
+        on_lock_lost(&ctx, &subject, &jobs, &run, deadline).await;
+
+        let deletes: Vec<_> = requests(&ctx, &seen)
+            .await
+            .into_iter()
+            .filter(|r| r.method == "DELETE")
+            .collect();
+        let paths: Vec<&str> = deletes.iter().map(|r| r.path.as_str()).collect();
+        assert_eq!(
+            paths,
+            [
+                "/apis/batch/v1/namespaces/team-a/jobs/report-29000000",
+                "/api/v1/namespaces/team-a/pods",
+            ],
+            "{deletes:#?}"
+        );
+        assert!(
+            deletes[1]
+                .query
+                .contains("labelSelector=batch.kubernetes.io%2Fjob-name%3Dreport-29000000"),
+            "only the Job's pods: {:?}",
+            deletes[1].query
+        );
     }
 }
