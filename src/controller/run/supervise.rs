@@ -1,6 +1,6 @@
 //! Stage 3 of a run: renew the lease under the watchdog while the Job runs, act on lease loss
-//! (delete the Job and its pods before the deadline, unless another holder has it now), and record how the
-//! run ended (docs/design.md, "A run's life in the operator", 3 to 6).
+//! (delete the Job and its pods before the deadline, unless another holder has it now), and
+//! record how the run ended (docs/design.md, "A run's life in the operator", 3 to 6).
 
 use super::super::context::Context;
 use super::super::events::{self, Reason};
