@@ -8,22 +8,27 @@
 
 mod support;
 
+use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::api::{Api, PostParams};
+use kube::runtime::{watcher, WatchStreamExt};
 use lockedjob::cli::elect::{lease_name, DEFAULT_RECORD_VALIDITY, LEADER_CONDITION, LEADER_LABEL};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use serde_json::json;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use support::http_get as get;
 use support::kubernetes::{
     apply_chart_rbac, client_for, create_namespace, delete_namespace, eventually, local_cluster,
 };
 use support::{lockedjob_bin, NodeChecks, Persistence, Reap, RedisNodes, SetChecks};
+use tokio_util::task::AbortOnDropHandle;
 
 /// A kubeconfig that acts as ServiceAccount `account` of `namespace` (a token from the API).
 fn kubeconfig_of(
@@ -654,4 +659,134 @@ async fn a_sidecar_without_the_right_to_patch_its_pod_status_says_which_right() 
         "it never campaigned"
     );
     delete_namespace(&client, &namespace).await;
+}
+
+/// (status, reason) of the leader condition, each time it changed.
+type ConditionChanges = Arc<Mutex<Vec<(String, String)>>>;
+
+/// The leader condition's (status, reason) each time it changes on `pod`, as a watch sees it.
+fn condition_changes(pods: &Api<Pod>, pod: &str) -> (ConditionChanges, AbortOnDropHandle<()>) {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let (record, pods) = (Arc::clone(&seen), pods.clone());
+    let config = watcher::Config::default().fields(&format!("metadata.name={pod}"));
+    let task = tokio::spawn(async move {
+        let mut events = watcher(pods, config).applied_objects().boxed();
+        while let Some(Ok(pod)) = events.next().await {
+            let conditions = pod.status.and_then(|s| s.conditions).unwrap_or_default();
+            let Some(c) = conditions.into_iter().find(|c| c.type_ == LEADER_CONDITION) else {
+                continue;
+            };
+            let now = (c.status, c.reason.unwrap_or_default());
+            let mut all = record.lock().expect("changes");
+            if all.last() != Some(&now) {
+                all.push(now);
+            }
+        }
+    });
+    (seen, AbortOnDropHandle::new(task))
+}
+
+/// Renewals failing (two of three Redis nodes paused): the leader's pod stops being Ready
+/// (reason `RenewalFailing`) while it still holds the lease, before it steps down at the
+/// give-up point, so a Service in its cluster stops routing to it before a candidate in
+/// another cluster can take the lock. Fails on a sidecar that marks its pod only at the loss.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_whose_renewals_fail_stops_being_ready_before_it_steps_down() {
+    let mut election = Election::new("elect-fading", json!([])).await;
+    let mut reap = Reap(Vec::new());
+    reap.0
+        .push(election.sidecar("writer-a", support::free_port(), &["--ttl", "3s"]));
+    assert!(
+        eventually(Duration::from_secs(20), || async {
+            marks(&election.pods, "writer-a").await == leading()
+        })
+        .await,
+        "a never showed it leads:\n{}",
+        election.logs()
+    );
+    let (changes, _watch) = condition_changes(&election.pods, "writer-a");
+    for node in &mut election.nodes.nodes[..2] {
+        node.pause().expect("SIGSTOP a Redis node");
+    }
+    let stepped_down = eventually(Duration::from_secs(10), || async {
+        let changes = changes.lock().expect("changes");
+        changes.iter().any(|(_, reason)| reason == "SteppedDown")
+    })
+    .await;
+    for node in &mut election.nodes.nodes[..2] {
+        node.resume().expect("SIGCONT a Redis node");
+    }
+    let changes = changes.lock().expect("changes").clone();
+    assert!(
+        stepped_down,
+        "never stepped down: {changes:?}\n{}",
+        election.logs()
+    );
+    let reasons: Vec<&str> = changes.iter().map(|(_, r)| r.as_str()).collect();
+    let failing = reasons.iter().position(|r| *r == "RenewalFailing");
+    let down = reasons.iter().position(|r| *r == "SteppedDown");
+    assert!(
+        failing.is_some() && failing < down,
+        "unready (RenewalFailing) before the step-down: {changes:?}\n{}",
+        election.logs()
+    );
+    let failing_status = &changes[failing.unwrap_or_default()].0;
+    assert_eq!(failing_status, "False", "{changes:?}");
+    delete_namespace(&election.client, &election.namespace).await;
+}
+
+/// A new leader waits for the Services as well as the pods: while an EndpointSlice still lists
+/// the dead leader's pod as ready (the EndpointSlice controller follows a pod's Ready condition
+/// a moment later), the successor holds the lock but does not mark its pod; once no slice
+/// does, it does. Fails on a sidecar that looks only at the pods' Ready condition.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_leader_is_marked_only_once_no_service_routes_to_the_old_one() {
+    let election = Election::new("elect-routed", json!([])).await;
+    let mut reap = election
+        .start_a_then_b(|_| vec!["--ttl".into(), "3s".into()])
+        .await;
+    let slices: Api<EndpointSlice> = Api::namespaced(election.client.clone(), &election.namespace);
+    let slice: EndpointSlice = serde_json::from_value(json!({
+        "metadata": {"name": "writer-stale", "labels": {"kubernetes.io/service-name": "writer"}},
+        "addressType": "IPv4",
+        "endpoints": [{"addresses": ["10.0.0.1"], "conditions": {"ready": true},
+            "targetRef": {"kind": "Pod", "name": "writer-a", "namespace": election.namespace}}],
+    }))
+    .expect("slice");
+    slices
+        .create(&PostParams::default(), &slice)
+        .await
+        .expect("an EndpointSlice listing writer-a");
+
+    kill(Pid::from_raw(reap.0[0].id() as i32), Signal::SIGKILL).expect("kill -9 a");
+    let _ = reap.0[0].wait();
+    let b_waits = eventually(Duration::from_secs(20), || async {
+        let log = std::fs::read_to_string(election.log("writer-b")).unwrap_or_default();
+        log.contains("EndpointSlice still lists")
+    })
+    .await;
+    assert!(
+        b_waits,
+        "b never waited for the slice:\n{}",
+        election.logs()
+    );
+    assert_eq!(
+        marks(&election.pods, "writer-b").await,
+        not_leading(),
+        "b marked while a slice routes to a:\n{}",
+        election.logs()
+    );
+    slices
+        .delete("writer-stale", &Default::default())
+        .await
+        .expect("delete the slice");
+    assert!(
+        eventually(Duration::from_secs(20), || async {
+            marks(&election.pods, "writer-b").await == leading()
+        })
+        .await,
+        "b never marked its pod once no slice routed to a:\n{}",
+        election.logs()
+    );
+    delete_namespace(&election.client, &election.namespace).await;
 }

@@ -10,6 +10,7 @@ use futures::StreamExt;
 use k8s_openapi::api::authorization::v1::SelfSubjectAccessReview;
 use k8s_openapi::api::coordination::v1::Lease as KubeLease;
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{watcher, WatchStreamExt};
@@ -49,6 +50,8 @@ pub enum MirrorError {
     Client(String),
     #[error("the previous leader's pod {pods:?} is still Ready (its kubelet has not yet seen it stop leading); this pod is marked once it is not, so a Service never lists both")]
     PreviousLeaderReady { pods: Vec<String> },
+    #[error("an EndpointSlice still lists the previous leader's pod {pods:?} as ready (the EndpointSlice controller has not yet followed its Ready condition); this pod is marked once none does, so a Service never lists both")]
+    PreviousLeaderRouted { pods: Vec<String> },
 }
 
 /// The pod this sidecar runs in, and the Lease that mirrors the election.
@@ -76,6 +79,40 @@ impl PodMirror {
             lease: lease_name(lock),
             election: election_label(lock),
         })
+    }
+
+    /// Returns once no EndpointSlice of this namespace lists one of `others` as ready, or fails
+    /// after `bound` naming them. The controller updates the slices only after it saw the
+    /// pod's Ready condition change, tens of milliseconds later, so a pod that is no longer
+    /// Ready may still be routed to. Without the right to list EndpointSlices (RBAC made
+    /// before this check) it says which right is missing and lets the pods' Ready do.
+    pub async fn until_no_endpoint_of(
+        &self,
+        others: &[String],
+        bound: std::time::Duration,
+    ) -> Result<(), MirrorError> {
+        let slices: Api<EndpointSlice> =
+            Api::namespaced(self.pods.clone().into_client(), &self.namespace);
+        let deadline = tokio::time::Instant::now() + bound;
+        loop {
+            let routed = match slices.list(&ListParams::default()).await {
+                Ok(list) => routed_pods(&list.items, others),
+                Err(e) => match self.error("list", "endpointslices", e) {
+                    e @ MirrorError::Forbidden { .. } => {
+                        tracing::warn!(error = %e, "cannot check that no Service still routes to the previous leader");
+                        return Ok(());
+                    }
+                    e => return Err(e),
+                },
+            };
+            if routed.is_empty() {
+                return Ok(());
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(MirrorError::PreviousLeaderRouted { pods: routed });
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
     }
 
     /// Watches the election's pods (its label) for leaders whose container has terminated.
@@ -337,6 +374,16 @@ impl EndedLeaders {
         }
     }
 
+    /// The election's other pods, by name.
+    pub fn others(&self) -> Vec<String> {
+        self.store
+            .state()
+            .iter()
+            .filter_map(|pod| pod.metadata.name.clone())
+            .filter(|name| *name != self.pod)
+            .collect()
+    }
+
     /// Other pods of the election that the API shows Ready: a previous leader whose kubelet
     /// has not yet acted on its cleared condition (a standby is never Ready: its readiness
     /// gate is False).
@@ -388,6 +435,22 @@ impl EndedLeaders {
             })
             .collect()
     }
+}
+
+/// Which of `pods` some slice lists as a ready endpoint.
+fn routed_pods(slices: &[EndpointSlice], pods: &[String]) -> Vec<String> {
+    let mut routed: Vec<String> = slices
+        .iter()
+        .flat_map(|slice| slice.endpoints.iter().flatten())
+        .filter(|e| e.conditions.as_ref().and_then(|c| c.ready) == Some(true))
+        .filter_map(|e| e.target_ref.as_ref())
+        .filter(|target| target.kind.as_deref() == Some("Pod"))
+        .filter_map(|target| target.name.clone())
+        .filter(|name| pods.contains(name))
+        .collect();
+    routed.sort();
+    routed.dedup();
+    routed
 }
 
 /// The election's label value: the lock name as a label value (63 characters at most, letters,
@@ -449,6 +512,34 @@ fn now_rfc3339() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Only ready endpoints that are pods of the election count, each once.
+    #[test]
+    fn the_pods_a_slice_routes_to_are_its_ready_pod_endpoints() {
+        let endpoint = |name: &str, kind: &str, ready: Option<bool>| {
+            json!({"addresses": ["10.0.0.1"], "conditions": {"ready": ready},
+                "targetRef": {"kind": kind, "name": name}})
+        };
+        let slice = |endpoints: Vec<serde_json::Value>| -> EndpointSlice {
+            serde_json::from_value(json!({"metadata": {"name": "s"}, "addressType": "IPv4",
+                "endpoints": endpoints}))
+            .expect("slice")
+        };
+        let slices = [
+            slice(vec![
+                endpoint("old", "Pod", Some(true)),
+                endpoint("standby", "Pod", Some(false)),
+                endpoint("unknown", "Pod", None),
+                endpoint("other-app", "Pod", Some(true)),
+            ]),
+            slice(vec![endpoint("old", "Pod", Some(true))]),
+            slice(vec![endpoint("standby", "Node", Some(true))]),
+            slice(vec![]),
+        ];
+        let election = ["old".to_string(), "standby".into(), "unknown".into()];
+        assert_eq!(routed_pods(&slices, &election), ["old"]);
+        assert!(routed_pods(&slices[2..], &election).is_empty());
+    }
 
     #[test]
     fn election_labels_are_label_values() {

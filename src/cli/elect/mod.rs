@@ -306,7 +306,49 @@ fn api_bound(timing: &LeaseTiming, event: &LeaseEvent) -> Duration {
     }
 }
 
+/// When a sidecar whose lease has not been renewed since `deadline` was set stops routing to its
+/// pod: halfway from the renewal that failed to the watchdog's give-up point. Its pod must be
+/// unready, and out of the Service's endpoints, before another cluster's candidate can take the
+/// lock (at the deadline at the earliest); that takes a pod status patch, the kubelet's next look
+/// at the pod and the EndpointSlice controller, on a node that may be starving the sidecar of
+/// CPU. A blip shorter than half that time (several retried rounds) does not flip routing.
+fn routing_withdrawn_at(deadline: Instant, timing: &LeaseTiming) -> Instant {
+    let give_up = deadline.checked_sub(timing.safety_margin);
+    let renewal_due = deadline.checked_sub(timing.ttl.saturating_sub(timing.renew_interval));
+    match (renewal_due, give_up) {
+        (Some(due), Some(give_up)) if due < give_up => due + (give_up - due) / 2,
+        _ => deadline,
+    }
+}
+
 impl Sidecar {
+    /// The lease still holds but renewals have failed for a while: the pod stops being Ready
+    /// (condition and label off, reason `RenewalFailing`) so Services stop routing to it, while
+    /// the token file and `/leader` stay until the lease is lost, so the workload keeps its
+    /// token. Bounded so that the give-up point still finds the loop listening.
+    async fn withdraw_routing(&self, deadline: Instant) {
+        let Some(mirror) = &self.mirror else { return };
+        let timing = &self.candidate.timing;
+        let to_give_up = deadline
+            .checked_sub(timing.safety_margin)
+            .map_or(Duration::ZERO, |g| {
+                g.saturating_duration_since(Instant::now())
+            });
+        let bound = (timing.renew_interval / 2).min(to_give_up / 2);
+        tracing::warn!(
+            bound_ms = bound.as_millis() as u64,
+            "the lease has not been renewed for a while: this pod stops being Ready until a renewal succeeds"
+        );
+        match tokio::time::timeout(bound, mirror.not_leading("RenewalFailing")).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::error!(error = %e, "cannot mark the pod unready"),
+            Err(_) => tracing::error!(
+                bound_ms = bound.as_millis() as u64,
+                "the API server did not answer in time; the pod may still be Ready"
+            ),
+        }
+    }
+
     /// Campaign, hold, step down and campaign again; return 0 on SIGTERM or SIGINT.
     async fn run(&self, args: &ElectArgs) -> i32 {
         let mut signals = Signals::watch();
@@ -369,6 +411,7 @@ impl Sidecar {
                     None => std::future::pending().await,
                 }
             };
+            let unrenewed = routing_withdrawn_at(shown.deadline, timing);
             tokio::select! {
                 _ = lost.cancelled() => break Held::Lost,
                 _ = signals.next() => break Held::Stopped,
@@ -377,6 +420,11 @@ impl Sidecar {
                 Some(status) = next_deadline(&mut deadlines, shown.deadline) => {
                     shown = status;
                     marked = self.show(&lease, LeaseEvent::Held(status), !marked).await || marked;
+                }
+                () = tokio::time::sleep_until(unrenewed.into()), if marked && self.mirror.is_some() => {
+                    self.withdraw_routing(shown.deadline).await;
+                    // Marked again by the next renewal, if one comes.
+                    marked = false;
                 }
             }
         };
@@ -449,7 +497,10 @@ impl Sidecar {
                 LeaseEvent::Held(_) if mark_pod => {
                     mirror.clear_other_leaders().await?;
                     if let Some(pods) = &self.ended {
-                        pods.until_no_other_ready(bound / 2).await?;
+                        pods.until_no_other_ready(bound / 4).await?;
+                        mirror
+                            .until_no_endpoint_of(&pods.others(), bound / 4)
+                            .await?;
                     }
                     mirror.leading(lease.holder(), ttl_seconds).await
                 }
@@ -459,7 +510,10 @@ impl Sidecar {
         };
         match tokio::time::timeout(bound, update).await {
             Ok(Ok(())) => true,
-            Ok(Err(e @ MirrorError::PreviousLeaderReady { .. })) => {
+            Ok(Err(
+                e @ (MirrorError::PreviousLeaderReady { .. }
+                | MirrorError::PreviousLeaderRouted { .. }),
+            )) => {
                 tracing::info!(error = %e, "not marking this pod yet");
                 false
             }
@@ -634,4 +688,46 @@ async fn release_ended(
         }
     }
     freed
+}
+
+#[cfg(test)]
+mod tests {
+    use super::routing_withdrawn_at;
+    use crate::redlock::LeaseTiming;
+    use std::time::{Duration, Instant};
+
+    /// Halfway between the renewal that was due and the give-up point, for the defaults and
+    /// for timings a user set; never after the deadline.
+    #[test]
+    fn routing_is_withdrawn_halfway_from_the_failed_renewal_to_the_give_up_point() {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let ms = Duration::from_millis;
+        let cases = [
+            // TTL 5 s: renewal due 3.33 s before the deadline, give-up 0.5 s before.
+            (LeaseTiming::from_ttl(Duration::from_secs(5)), ms(1_917)),
+            // TTL 15 s (the example): due 10 s before, give-up 1.5 s before.
+            (LeaseTiming::from_ttl(Duration::from_secs(15)), ms(5_750)),
+            (
+                LeaseTiming::from_ttl_or(
+                    Duration::from_secs(10),
+                    Some(Duration::from_secs(1)),
+                    Some(Duration::from_secs(1)),
+                ),
+                ms(5_000),
+            ),
+        ];
+        for (timing, before_deadline) in cases {
+            let at = routing_withdrawn_at(deadline, &timing);
+            let got = deadline - at;
+            let off = got.abs_diff(before_deadline);
+            assert!(off <= ms(1), "{timing:?}: {got:?} before the deadline");
+        }
+        // A margin at least the time between renewal and give-up leaves it at the deadline.
+        let odd = LeaseTiming {
+            ttl: Duration::from_secs(3),
+            renew_interval: Duration::from_secs(2),
+            safety_margin: Duration::from_secs(1),
+        };
+        assert_eq!(routing_withdrawn_at(deadline, &odd), deadline);
+    }
 }
