@@ -2,7 +2,7 @@
 # The cluster soak (docs/testing.md, "The cluster soak"): two local clusters with the operator,
 # seeded random faults, judged by our checker and by porcupine. Builds what it needs (the first
 # run builds the control plane and node from Go modules, ~15 minutes; needs root), then runs
-#   scripts/soak.sh [--minutes M] [--seed S] [--out DIR] [--split-nodes]
+#   scripts/soak.sh [--minutes M] [--seed S] [--out DIR] [--split-nodes] [--unfenced-store]
 # e.g. scripts/soak.sh --minutes 60 --seed 42 --out /tmp/soak-hour; it exits 1 when either
 # checker objects, and DIR/report.json and DIR/timeline.svg say why.
 set -euo pipefail

@@ -1,6 +1,7 @@
 //! The cluster soak through its binary (root, real nodes): a short soak under the seeded faults
-//! passes both checkers, and the broken deployment (each cluster its own lock nodes) makes both
-//! object. Each starts two clusters; they run one at a time.
+//! passes both checkers, and the broken deployment (each cluster its own lock nodes) with a
+//! store that takes every write makes both object, to the runs and to the writes. Each starts
+//! two clusters; they run one at a time.
 
 use std::path::Path;
 use std::process::Command;
@@ -121,23 +122,36 @@ fn a_short_soak_under_seeded_faults_passes_both_checkers() {
     );
 }
 
+/// The broken deployment (each cluster its own lock nodes, so both run every time) with the
+/// broken build of the work (a store that takes every write): our checker finds times run
+/// twice and stale writes taken, porcupine's one-holder and fenced-store models object, and
+/// the two agree. The split counters diverge at the latest with east's run-now, after which
+/// every time run in both clusters writes with two tokens.
 #[test]
-fn both_checkers_catch_the_deployment_whose_clusters_do_not_share_their_lock_nodes() {
+fn both_checkers_catch_the_split_deployment_and_the_unfenced_store() {
     let out = tempfile::tempdir().expect("a temp dir");
-    let (code, report, stderr) = soak(
-        &["--minutes", "1.5", "--seed", "1", "--split-nodes"],
-        out.path(),
-    );
+    let args = [
+        "--minutes",
+        "1.5",
+        "--seed",
+        "1",
+        "--split-nodes",
+        "--unfenced-store",
+    ];
+    let (code, report, stderr) = soak(&args, out.path());
     assert_eq!(code, Some(1), "the broken deployment passed:\n{stderr}");
     let ours = strings(&report, "ours");
     let porcupine = strings(&report, "porcupine");
-    assert!(
-        ours.iter().any(|o| o.contains("ran twice")),
-        "ours: {ours:?}"
-    );
-    assert!(
-        porcupine.iter().any(|o| o.contains("one-holder")),
-        "porcupine: {porcupine:?}"
-    );
+    for (said, what) in [
+        (&ours, "ran twice"),
+        (&ours, "stale writes were accepted"),
+        (&porcupine, "one-holder"),
+        (&porcupine, "fenced-store"),
+    ] {
+        assert!(
+            said.iter().any(|o| o.contains(what)),
+            "no \"{what}\" in ours {ours:?}, porcupine {porcupine:?}"
+        );
+    }
     assert!(strings(&report, "disagreements").is_empty(), "{report}");
 }

@@ -23,6 +23,10 @@ struct Cli {
     /// The broken deployment both checkers must catch: each cluster its own lock nodes.
     #[arg(long)]
     split_nodes: bool,
+    /// The broken build both checkers must catch in the writes: the store takes every write,
+    /// whatever its token (fencing off).
+    #[arg(long)]
+    unfenced_store: bool,
     /// `tools/porcupine-check` (scripts/porcupine-check.sh builds it).
     #[arg(long, env = "LOCKEDJOB_PORCUPINE_CHECK")]
     porcupine_check: Option<PathBuf>,
@@ -39,6 +43,7 @@ fn main() -> ExitCode {
         seed: cli.seed,
         out: cli.out,
         split_nodes: cli.split_nodes,
+        unfenced_store: cli.unfenced_store,
         porcupine_check: cli.porcupine_check,
     };
     match block_on(soak::run(&options)).and_then(|outcome| outcome) {

@@ -14,6 +14,9 @@ pub struct Options {
     /// The deliberately broken deployment: each cluster its own five nodes, so both run every
     /// time. Both checkers must object.
     pub split_nodes: bool,
+    /// The deliberately broken build of the work: the store takes every write, whatever its
+    /// token (fencing off). With `split_nodes`, both checkers must object to the writes too.
+    pub unfenced_store: bool,
     /// `tools/porcupine-check`; without it only our checker judges.
     pub porcupine_check: Option<PathBuf>,
 }

@@ -59,7 +59,7 @@ impl Stand {
             started.elapsed().as_secs_f64()
         ));
         let on: Vec<std::net::IpAddr> = sides.iter().map(|s| s.cluster.host_ip().into()).collect();
-        let store = FencedStore::start(&on)
+        let store = FencedStore::start(&on, !options.unfenced_store)
             .await
             .map_err(|e| format!("start the fenced store: {e}"))?;
         let addrs: Vec<String> = nodes.nodes.iter().map(|n| n.addr()).collect();

@@ -27,6 +27,8 @@ pub struct StoreWrite {
 
 #[derive(Default)]
 struct State {
+    /// Off: every write is taken (the broken build the checkers must catch).
+    fenced: bool,
     largest: HashMap<String, u64>,
     log: Vec<StoreWrite>,
 }
@@ -46,9 +48,12 @@ pub fn now_us() -> u64 {
 }
 
 impl FencedStore {
-    /// Listens on a free port of each address.
-    pub async fn start(on: &[IpAddr]) -> std::io::Result<Self> {
-        let state = Arc::new(Mutex::new(State::default()));
+    /// Listens on a free port of each address; `fenced` false takes every write.
+    pub async fn start(on: &[IpAddr], fenced: bool) -> std::io::Result<Self> {
+        let state = Arc::new(Mutex::new(State {
+            fenced,
+            ..State::default()
+        }));
         let mut listeners = JoinSet::new();
         let mut addrs = Vec::new();
         for ip in on {
@@ -96,7 +101,7 @@ async fn serve(stream: TcpStream, state: Arc<Mutex<State>>) {
     let call_us = now_us();
     let (accepted, index) = {
         let Ok(mut state) = state.lock() else { return };
-        let accepted = decide(&mut state.largest, lock, token);
+        let accepted = decide(&mut state.largest, lock, token) || !state.fenced;
         state.log.push(StoreWrite {
             lock: lock.to_string(),
             writer: writer.to_string(),
@@ -157,7 +162,7 @@ mod tests {
 
     #[tokio::test]
     async fn the_store_takes_growing_tokens_per_lock_and_refuses_stale_ones() {
-        let store = FencedStore::start(&[IpAddr::from([127, 0, 0, 1])])
+        let store = FencedStore::start(&[IpAddr::from([127, 0, 0, 1])], true)
             .await
             .expect("start the store");
         let addr = store.addrs()[0];
@@ -199,5 +204,18 @@ mod tests {
             ]
         );
         assert!(log.iter().all(|w| w.call_us <= w.return_us));
+    }
+
+    /// The broken build: a stale token is taken all the same, and logged as taken.
+    #[tokio::test]
+    async fn an_unfenced_store_takes_stale_tokens_too() {
+        let store = FencedStore::start(&[IpAddr::from([127, 0, 0, 1])], false)
+            .await
+            .expect("start the store");
+        let addr = store.addrs()[0];
+        assert_eq!(send(addr, "a 5 pod-1\n").await, "accepted\n");
+        assert_eq!(send(addr, "a 4 pod-2\n").await, "accepted\n");
+        let tokens: Vec<(u64, bool)> = store.log().iter().map(|w| (w.token, w.accepted)).collect();
+        assert_eq!(tokens, [(5, true), (4, true)]);
     }
 }
