@@ -306,6 +306,11 @@ fn api_bound(timing: &LeaseTiming, event: &LeaseEvent) -> Duration {
     }
 }
 
+/// Where the watchdog gives a lease of `deadline` up (as `Watchdog` computes it).
+fn give_up_point(deadline: Instant, timing: &LeaseTiming) -> Option<Instant> {
+    deadline.checked_sub(timing.safety_margin)
+}
+
 /// When a sidecar whose lease has not been renewed since `deadline` was set stops routing to its
 /// pod: halfway from the renewal that failed to the watchdog's give-up point. Its pod must be
 /// unready, and out of the Service's endpoints, before another cluster's candidate can take the
@@ -313,7 +318,7 @@ fn api_bound(timing: &LeaseTiming, event: &LeaseEvent) -> Duration {
 /// at the pod and the EndpointSlice controller, on a node that may be starving the sidecar of
 /// CPU. A blip shorter than half that time (several retried rounds) does not flip routing.
 fn routing_withdrawn_at(deadline: Instant, timing: &LeaseTiming) -> Instant {
-    let give_up = deadline.checked_sub(timing.safety_margin);
+    let give_up = give_up_point(deadline, timing);
     let renewal_due = deadline.checked_sub(timing.ttl.saturating_sub(timing.renew_interval));
     match (renewal_due, give_up) {
         (Some(due), Some(give_up)) if due < give_up => due + (give_up - due) / 2,
@@ -329,24 +334,15 @@ impl Sidecar {
     async fn withdraw_routing(&self, deadline: Instant) {
         let Some(mirror) = &self.mirror else { return };
         let timing = &self.candidate.timing;
-        let to_give_up = deadline
-            .checked_sub(timing.safety_margin)
-            .map_or(Duration::ZERO, |g| {
-                g.saturating_duration_since(Instant::now())
-            });
+        let to_give_up = give_up_point(deadline, timing).map_or(Duration::ZERO, |g| {
+            g.saturating_duration_since(Instant::now())
+        });
         let bound = (timing.renew_interval / 2).min(to_give_up / 2);
         tracing::warn!(
             bound_ms = bound.as_millis() as u64,
             "the lease has not been renewed for a while: this pod stops being Ready until a renewal succeeds"
         );
-        match tokio::time::timeout(bound, mirror.not_leading("RenewalFailing")).await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => tracing::error!(error = %e, "cannot mark the pod unready"),
-            Err(_) => tracing::error!(
-                bound_ms = bound.as_millis() as u64,
-                "the API server did not answer in time; the pod may still be Ready"
-            ),
-        }
+        bounded_update(bound, mirror.not_leading("RenewalFailing")).await;
     }
 
     /// Campaign, hold, step down and campaign again; return 0 on SIGTERM or SIGINT.
@@ -508,23 +504,35 @@ impl Sidecar {
                 LeaseEvent::Lost => mirror.not_leading("SteppedDown").await,
             }
         };
-        match tokio::time::timeout(bound, update).await {
-            Ok(Ok(())) => true,
-            Ok(Err(
-                e @ (MirrorError::PreviousLeaderReady { .. }
-                | MirrorError::PreviousLeaderRouted { .. }),
-            )) => {
-                tracing::info!(error = %e, "not marking this pod yet");
-                false
-            }
-            Ok(Err(e)) => {
-                tracing::error!(error = %e, "cannot update the pod or the Lease");
-                false
-            }
-            Err(_) => {
-                tracing::error!(bound_ms = bound.as_millis() as u64, "the API server did not answer in time; the pod or the Lease may show an old state");
-                false
-            }
+        bounded_update(bound, update).await
+    }
+}
+
+/// One update of the pod's marks or the Lease, given up after `bound`; true when the API
+/// server took it. Failures are logged here.
+async fn bounded_update(
+    bound: Duration,
+    update: impl std::future::Future<Output = Result<(), MirrorError>>,
+) -> bool {
+    match tokio::time::timeout(bound, update).await {
+        Ok(Ok(())) => true,
+        Ok(Err(
+            e
+            @ (MirrorError::PreviousLeaderReady { .. } | MirrorError::PreviousLeaderRouted { .. }),
+        )) => {
+            tracing::info!(error = %e, "not marking this pod yet");
+            false
+        }
+        Ok(Err(e)) => {
+            tracing::error!(error = %e, "cannot update the pod or the Lease");
+            false
+        }
+        Err(_) => {
+            tracing::error!(
+                bound_ms = bound.as_millis() as u64,
+                "the API server did not answer in time; the pod or the Lease may show an old state"
+            );
+            false
         }
     }
 }
