@@ -1,4 +1,5 @@
-# lockedjob-operator image: `docker build -t lockedjob-operator .`
+# lockedjob-operator image: `docker build -t lockedjob-operator .`, or without a Docker engine
+# `scripts/image.sh` (buildah, as root; tests/image.rs builds it so on every CI run).
 # Stage 1 builds dependencies in a layer of their own (cached until Cargo.toml/Cargo.lock
 # change), then the project. Stage 2 holds only the binary and CA certificates, non-root.
 
@@ -12,7 +13,7 @@ COPY quickstart/Cargo.toml quickstart/
 COPY benches ./benches
 # Empty targets with the real manifests: `cargo build` compiles and caches every dependency.
 # The lock engine (redlock) gets its sources below; the other members (test support and dev
-# tools) are never built and keep these stubs. tests/image.rs runs this stage's steps.
+# tools) are never built and keep these stubs.
 RUN for member in localcluster quickstart; do \
       mkdir -p "$member/src" \
       && touch "$member/src/lib.rs" \

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A local Kubernetes control plane for people:
-#   scripts/k8s.sh up DIR [--nodes N] [--image IMAGE=PROGRAM ...]
+#   scripts/k8s.sh up DIR [--nodes N] [--image IMAGE=PROGRAM ...] [--image-archive IMAGE=ARCHIVE ...]
 #                             build or reuse the binaries, start etcd, kube-apiserver,
 #                             kube-controller-manager, kube-scheduler, an image registry and
 #                             real nodes (kubelet, containerd, runc, kube-proxy, CoreDNS; needs
@@ -12,7 +12,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-usage() { echo "usage: scripts/k8s.sh up DIR [--nodes N] [--image IMAGE=PROGRAM ...] | down DIR" >&2; exit 2; }
+usage() { echo "usage: scripts/k8s.sh up DIR [--nodes N] [--image IMAGE=PROGRAM ...] [--image-archive IMAGE=ARCHIVE ...] | down DIR" >&2; exit 2; }
 [ $# -ge 2 ] || usage
 command="$1" dir="$2"; shift 2
 case "$command" in

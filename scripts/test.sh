@@ -5,7 +5,8 @@
 # kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, helm, kubelet, kube-proxy,
 # containerd, CoreDNS, crictl), the lab's independent checker (tools/porcupine-check) and
 # client-go's leader election for the bench (tools/leaderelection-peer), built from Go modules
-# into a cache. The real node's tests need root.
+# into a cache; the operator image from the Dockerfile (scripts/image.sh: buildah, base images
+# from Debian's packages and this machine's Rust toolchain). The real node's tests need root.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -17,7 +18,7 @@ for check in "cargo fmt --version" "cargo clippy --version"; do
   fi
 done
 
-scripts/deps.sh redis-server runc containernetworking-plugins iptables busybox-static
+scripts/deps.sh redis-server runc containernetworking-plugins iptables busybox-static buildah debootstrap
 # The bundled redis-server service is not used: tests start their own nodes on free ports.
 command -v redis-server >/dev/null
 # Kubernetes' OpenAPI schemas, offline, for the manifest checks in tests/chart.rs.
@@ -48,6 +49,16 @@ done
 LOCKEDJOB_MONITORING_CRDS="$(scripts/monitoring-crds.sh | tail -n1)"
 export LOCKEDJOB_MONITORING_CRDS
 
+# The image builds beside the checks below (a cold build is a 10-minute release compile);
+# tests/image.rs and tests/real_node_chart.rs wait for it (scripts/image.sh takes a lock), then
+# find it cached.
+image_log="$(mktemp)"
+echo "== the operator image from the Dockerfile (scripts/image.sh, in the background; log $image_log)"
+setsid scripts/image.sh >"$image_log" 2>&1 &
+image_build=$!
+# A check that fails below ends the run: stop the build with it (its own process group).
+trap 'kill -TERM -- "-$image_build" 2>/dev/null || true; rm -f "$image_log"' EXIT
+
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 # The fuzz targets are their own workspace (nightly, scripts/fuzz.sh); keep them formatted too.
@@ -69,3 +80,9 @@ cargo test --locked --bench operator
 cargo test --locked --bench elect
 echo "== cargo test"
 cargo test --locked --workspace --lib --bins --tests
+if ! wait "$image_build"; then
+  cat "$image_log" >&2
+  echo "error: scripts/image.sh failed (above)" >&2
+  exit 1
+fi
+grep '^\[image\]' "$image_log" | tail -n1

@@ -43,7 +43,7 @@ async fn helm_cluster() -> &'static LocalCluster {
         localcluster::shared_with("helm", || Options {
             images: BTreeMap::from([(
                 format!("{IMAGE}:{}", chart_app_version()),
-                support::lockedjob_bin(),
+                support::lockedjob_image(),
             )]),
             ..Options::named("helm")
         })

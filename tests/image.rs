@@ -1,155 +1,146 @@
-//! The Dockerfile against the workspace: its build stage's steps, run here on the build context
-//! that `.dockerignore` lets through, with `cargo build` replaced by loading the workspace as
-//! a build does (no compiling), must succeed at every step. (`docker build .` once failed with
-//! "failed to load manifest for workspace member" after a member was added, and again after a
-//! bench was added that the dependency step did not stub; nothing noticed either.)
+//! The operator image, built from the Dockerfile as a user's CI would build it: `scripts/image.sh`
+//! runs `buildah bud` on the Dockerfile as it is, with the base images it names made here
+//! (Debian bookworm by debootstrap, this machine's Rust toolchain, distroless/cc's packages).
+//! A Dockerfile that no longer matches the workspace fails here (`docker build .` once failed
+//! with "failed to load manifest for workspace member" after a member was added, and again
+//! after a bench was added that the dependency step did not stub; nothing noticed either).
+//! Then the image is opened as a runtime would: its configuration (user 65532, entrypoint,
+//! port), its files (no shell, CA certificates, nonroot's passwd entry), and the binary run
+//! from its root file system as user 65532, which fails if a shared library it loads is
+//! missing. The chart's image on the real node is this one (`tests/real_node_chart.rs`).
+//! Needs root.
 
+mod support;
+
+use localcluster::node::ImageSource;
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-const ROOT: &str = env!("CARGO_MANIFEST_DIR");
+const TAG: &str = "localhost/lockedjob-operator:image-test";
 
-fn read(name: &str) -> String {
-    std::fs::read_to_string(Path::new(ROOT).join(name)).unwrap_or_else(|e| panic!("{name}: {e}"))
+fn build() -> PathBuf {
+    match support::dockerfile_image(TAG) {
+        ImageSource::Archive(path) => path,
+        other => panic!("scripts/image.sh gave {other:?}, not an archive"),
+    }
 }
 
-/// The build stage's instructions (from its `FROM` to the next), continuation lines joined,
-/// comments dropped.
-fn build_stage(dockerfile: &str) -> Vec<String> {
-    let mut instructions = Vec::new();
-    let mut current = String::new();
-    for line in dockerfile.lines() {
-        let line = line.trim();
-        if line.starts_with('#') || (line.is_empty() && current.is_empty()) {
-            continue;
-        }
-        match line.strip_suffix('\\') {
-            Some(head) => current.push_str(head),
-            None => {
-                current.push_str(line);
-                instructions.push(std::mem::take(&mut current));
+/// A docker archive's files by name; a link (buildah writes each layer once and links to
+/// it from `ID/layer.tar`) maps to the name of the file it points to.
+struct Archive {
+    files: HashMap<PathBuf, Vec<u8>>,
+    links: HashMap<PathBuf, PathBuf>,
+}
+
+impl Archive {
+    fn read(path: &Path) -> Self {
+        let file = std::fs::File::open(path).expect("open the archive");
+        let mut tar = tar::Archive::new(file);
+        let (mut files, mut links) = (HashMap::new(), HashMap::new());
+        for entry in tar.entries().expect("read the archive") {
+            let mut entry = entry.expect("an archive entry");
+            let name = entry.path().expect("a path").into_owned();
+            if let Some(target) = entry.link_name().expect("a link name") {
+                // Relative to the link's directory, which is one level down: "../X.tar".
+                let target = target.strip_prefix("..").unwrap_or(&target).to_owned();
+                links.insert(name, target);
+                continue;
             }
+            let mut bytes = Vec::new();
+            std::io::Read::read_to_end(&mut entry, &mut bytes).expect("read an archive entry");
+            files.insert(name, bytes);
+        }
+        Self { files, links }
+    }
+
+    fn file(&self, name: &str) -> &[u8] {
+        let name = Path::new(name);
+        let name = self.links.get(name).map_or(name, PathBuf::as_path);
+        self.files
+            .get(name)
+            .unwrap_or_else(|| panic!("{} is not in the archive", name.display()))
+    }
+
+    /// The image's configuration and its layers, in order (`manifest.json`).
+    fn manifest(&self) -> (serde_json::Value, Vec<String>) {
+        let manifest: serde_json::Value =
+            serde_json::from_slice(self.file("manifest.json")).expect("manifest.json");
+        let image = &manifest[0];
+        assert_eq!(image["RepoTags"], serde_json::json!([TAG]), "{manifest}");
+        let config = image["Config"].as_str().expect("a Config entry");
+        let config = serde_json::from_slice(self.file(config)).expect("the image config");
+        let layers = image["Layers"].as_array().expect("Layers");
+        let layers = layers
+            .iter()
+            .map(|l| l.as_str().expect("a layer's name").to_string())
+            .collect();
+        (config, layers)
+    }
+
+    /// The layers unpacked one over the other, owners and modes kept, into `root`.
+    fn unpack(&self, layers: &[String], root: &Path) {
+        for layer in layers {
+            let mut tar = tar::Archive::new(self.file(layer));
+            tar.set_preserve_ownerships(true);
+            tar.set_preserve_permissions(true);
+            tar.unpack(root)
+                .unwrap_or_else(|e| panic!("unpack layer {layer}: {e}"));
         }
     }
-    let stages: Vec<usize> = instructions
-        .iter()
-        .enumerate()
-        .filter(|(_, instruction)| instruction.starts_with("FROM "))
-        .map(|(at, _)| at)
-        .collect();
-    assert!(stages.len() >= 2, "a build stage and a final stage");
-    instructions[stages[0] + 1..stages[1]].to_vec()
-}
-
-/// Copies what `.dockerignore` lets into the context (`*`, then `!path` lines) to `to`.
-fn build_context(to: &Path) {
-    for line in read(".dockerignore").lines() {
-        let Some(path) = line.trim().strip_prefix('!') else {
-            continue;
-        };
-        let path = path.trim_end_matches('/');
-        copy(&Path::new(ROOT).join(path), &to.join(path));
-    }
-}
-
-fn copy(from: &Path, to: &Path) {
-    if from.is_dir() {
-        std::fs::create_dir_all(to).expect("mkdir");
-        for entry in std::fs::read_dir(from).expect("read_dir") {
-            let entry = entry.expect("a directory entry");
-            copy(&entry.path(), &to.join(entry.file_name()));
-        }
-    } else {
-        if let Some(dir) = to.parent() {
-            std::fs::create_dir_all(dir).expect("mkdir");
-        }
-        std::fs::copy(from, to).unwrap_or_else(|e| panic!("{}: {e}", from.display()));
-    }
-}
-
-/// `COPY SRC... DEST` from the context into the work directory, as Docker does: a source that
-/// is missing from the context fails the build; a directory's contents go into DEST.
-fn run_copy(args: &str, context: &Path, workdir: &Path) {
-    let words: Vec<&str> = args.split_whitespace().collect();
-    let (dest, sources) = words.split_last().expect("COPY SRC DEST");
-    for source in sources {
-        let from = context.join(source);
-        assert!(
-            from.exists(),
-            "`COPY {args}`: {source} is not in the build context (.dockerignore)"
-        );
-        let into = if dest.ends_with('/') && from.is_file() {
-            workdir
-                .join(dest)
-                .join(from.file_name().expect("a file name"))
-        } else {
-            workdir.join(dest)
-        };
-        copy(&from, &into);
-    }
-}
-
-/// A `cargo` whose `build` loads the workspace as a build would and builds nothing: every
-/// manifest and every target it names must be there (`cargo metadata` and `cargo tree` do not
-/// look for targets; `check` does, before it finds no such binary), the lock file must be
-/// current (`--locked`), and the binary the image ships must be a target.
-fn cargo_shim(dir: &Path) -> PathBuf {
-    let script = format!(
-        r#"#!/bin/sh
-[ "$1" = build ] || {{ echo "the test's cargo only stands in for builds: $*" >&2; exit 2; }}
-'{cargo}' tree --offline --locked --edges normal >/dev/null || exit 1
-out=$('{cargo}' check --offline --bin no-such-target-here 2>&1)
-case "$out" in
-  *"no bin target named"*) ;;
-  *) echo "$out" >&2; exit 1 ;;
-esac
-printf '%s\n' "$out" | grep -qx '    lockedjob' || {{ echo "no binary lockedjob: $out" >&2; exit 1; }}
-"#,
-        cargo = env!("CARGO")
-    );
-    let shim = dir.join("cargo");
-    std::fs::write(&shim, script).expect("write the cargo shim");
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&shim, std::fs::Permissions::from_mode(0o755)).expect("chmod");
-    dir.to_owned()
 }
 
 #[test]
-fn the_dockerfiles_build_stage_loads_the_workspace_at_every_step() {
-    let context = tempfile::tempdir().expect("tempdir");
-    let workdir = tempfile::tempdir().expect("tempdir");
-    let shims = tempfile::tempdir().expect("tempdir");
-    build_context(context.path());
-    let path = format!(
-        "{}:{}",
-        cargo_shim(shims.path()).display(),
-        std::env::var("PATH").unwrap_or_default()
+fn the_dockerfile_builds_an_image_like_distroless_cc_that_runs_as_nonroot() {
+    let archive = Archive::read(&build());
+    let (config, layers) = archive.manifest();
+    let config = &config["config"];
+    assert_eq!(config["User"], "65532:65532", "{config}");
+    assert_eq!(
+        config["Entrypoint"],
+        serde_json::json!(["/usr/local/bin/lockedjob"])
     );
-    let stage = build_stage(&read("Dockerfile"));
-    let builds = stage.iter().filter(|i| i.contains("cargo build")).count();
-    assert!(
-        builds >= 2,
-        "a dependency build and the real build: {stage:#?}"
-    );
-    for instruction in &stage {
-        let (verb, args) = instruction.split_once(' ').unwrap_or((instruction, ""));
-        match verb {
-            "WORKDIR" => {}
-            "COPY" => run_copy(args, context.path(), workdir.path()),
-            "RUN" => {
-                let out = Command::new("sh")
-                    .args(["-ec", args])
-                    .current_dir(workdir.path())
-                    .env("PATH", &path)
-                    .output()
-                    .expect("run sh");
-                assert!(
-                    out.status.success(),
-                    "`RUN {args}` fails:\n{}",
-                    String::from_utf8_lossy(&out.stderr)
-                );
-            }
-            other => panic!("the test does not know `{other}` in the build stage"),
-        }
+    assert_eq!(config["Cmd"], serde_json::json!(["operator"]));
+    assert!(config["ExposedPorts"].get("8080/tcp").is_some(), "{config}");
+
+    let root = tempfile::tempdir().expect("tempdir");
+    archive.unpack(&layers, root.path());
+    let has = |path: &str| root.path().join(path).symlink_metadata().is_ok();
+    for shell in [
+        "bin/sh",
+        "usr/bin/sh",
+        "bin/bash",
+        "usr/bin/bash",
+        "bin/busybox",
+    ] {
+        assert!(!has(shell), "the image has a shell: {shell}");
     }
+    assert!(
+        has("etc/ssl/certs/ca-certificates.crt"),
+        "no CA certificates"
+    );
+    let passwd = std::fs::read_to_string(root.path().join("etc/passwd")).expect("etc/passwd");
+    assert!(
+        passwd
+            .lines()
+            .any(|l| l.starts_with("nonroot:x:65532:65532:")),
+        "{passwd}"
+    );
+
+    let out = Command::new("chroot")
+        .args(["--userspec=65532:65532"])
+        .arg(root.path())
+        .args(["/usr/local/bin/lockedjob", "--version"])
+        .output()
+        .expect("run chroot");
+    assert!(
+        out.status.success(),
+        "the image's lockedjob does not run as 65532: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let version = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        version.contains(env!("CARGO_PKG_VERSION")),
+        "the image's binary is not this workspace's: {version}"
+    );
 }

@@ -1,8 +1,8 @@
 //! The chart's default install on a real node (issue 30), as users install a published chart:
 //! packaged, pushed to the cluster's OCI registry and installed from `oci://`; the nodes pull
-//! every image from that registry. The operator image (the `lockedjob`
-//! binary cargo built, with its shared libraries, as distroless/cc holds it) and the chart's
-//! own Redis StatefulSets with their volumes, one per node of five (the chart's hard
+//! every image from that registry. The operator image built from the Dockerfile
+//! (`scripts/image.sh`: `buildah bud`, its base images made here from Debian's packages and
+//! this machine's Rust toolchain) and the chart's own Redis StatefulSets with their volumes, one per node of five (the chart's hard
 //! anti-affinity), in a namespace that enforces the `restricted` Pod Security Standard, runc
 //! enforcing every security context. One value differs from the defaults: a restart delay of
 //! 8 s instead of 60, to keep the test short.
@@ -99,7 +99,7 @@ async fn cluster() -> &'static LocalCluster {
             nodes: REDIS_NODES as u8,
             images: BTreeMap::from([(
                 format!("{IMAGE}:{}", chart_app_version()),
-                support::lockedjob_bin(),
+                support::dockerfile_image(&format!("{IMAGE}:{}", chart_app_version())),
             )]),
             ..Options::named("chart")
         })

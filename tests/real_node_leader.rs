@@ -333,7 +333,7 @@ async fn start_cluster(name: &'static str) -> LocalCluster {
     tokio::task::spawn_blocking(move || {
         LocalCluster::start(Options {
             nodes: 1,
-            images: BTreeMap::from([(example_image(), support::lockedjob_bin())]),
+            images: BTreeMap::from([(example_image(), support::lockedjob_image())]),
             ..Options::named(name)
         })
     })

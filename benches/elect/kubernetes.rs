@@ -181,7 +181,7 @@ pub fn failovers(trials: usize) -> Vec<(&'static str, Vec<Duration>)> {
     let image = "ghcr.io/lockedjob/lockedjob-operator:bench";
     let cluster = LocalCluster::start(Options {
         nodes: 2,
-        images: BTreeMap::from([(image.to_string(), crate::support::lockedjob_bin())]),
+        images: BTreeMap::from([(image.to_string(), crate::support::lockedjob_image())]),
         ..Options::named("elect")
     })
     .expect("start a cluster with real nodes");

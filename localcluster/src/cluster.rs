@@ -2,7 +2,7 @@
 //! `PR_SET_PDEATHSIG` ties them to the cluster, not to whichever test thread asked), which also
 //! starts the real nodes; dropping the `LocalCluster` stops everything and removes its directory.
 
-use crate::node::{NodeStart, PreparedNodes, RealNodes};
+use crate::node::{ImageSource, NodeStart, PreparedNodes, RealNodes};
 use crate::process::Daemon;
 use crate::{free_port, Binaries, Error, Pki};
 use std::collections::{BTreeMap, HashMap};
@@ -23,10 +23,10 @@ pub struct Options {
     pub dir: Option<PathBuf>,
     /// How long to wait for each component to become ready.
     pub ready_timeout: Duration,
-    /// Images that run a program of this machine: image reference (`repository:tag`; no tag
-    /// means `latest`) -> the program an image is built of (with its shared libraries, as
-    /// distroless/cc holds it) and pushed to the cluster's registry under that name.
-    pub images: BTreeMap<String, PathBuf>,
+    /// Images beside the nodes' own: image reference (`repository:tag`; no tag means
+    /// `latest`) -> what it is made of (a program of this machine, or an archive built
+    /// elsewhere), pushed to the cluster's registry under that name.
+    pub images: BTreeMap<String, ImageSource>,
     /// Write kube-apiserver's audit log (Metadata level: who, what, when; no bodies) to
     /// `audit.log` in the cluster directory. Benchmarks count API requests per client from it.
     pub audit_log: bool,
@@ -101,7 +101,7 @@ struct Layout {
     service_cidr: String,
     kubeconfig: PathBuf,
     tokens: PathBuf,
-    images: BTreeMap<String, PathBuf>,
+    images: BTreeMap<String, ImageSource>,
     audit_log: bool,
 }
 

@@ -2,6 +2,7 @@
 //! Ctrl-C or `localcluster down DIR`); `DIR/kubeconfig` reaches it.
 
 use clap::{Parser, Subcommand};
+use localcluster::node::ImageSource;
 use localcluster::{Binaries, LocalCluster, Options};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
@@ -35,8 +36,13 @@ enum Command {
         /// IMAGE=PROGRAM, e.g. ghcr.io/lockedjob/lockedjob-operator:0.1.0=target/debug/lockedjob.
         /// The cluster's registry gets an image of that name holding PROGRAM and its shared
         /// libraries, which the nodes pull.
-        #[arg(long = "image", value_parser = parse_image)]
-        images: Vec<(String, PathBuf)>,
+        #[arg(long = "image", value_parser = parse_program_image)]
+        images: Vec<(String, ImageSource)>,
+        /// IMAGE=ARCHIVE, e.g. ghcr.io/lockedjob/lockedjob-operator:0.1.0=$(scripts/image.sh | tail -n1):
+        /// a docker archive holding IMAGE (scripts/image.sh builds the Dockerfile into one),
+        /// pushed to the cluster's registry.
+        #[arg(long = "image-archive", value_parser = parse_archive_image)]
+        archives: Vec<(String, ImageSource)>,
     },
     /// Stop the cluster started with `up DIR`.
     Down { dir: PathBuf },
@@ -44,14 +50,23 @@ enum Command {
 
 const PID_FILE: &str = "localcluster.pid";
 
-fn parse_image(text: &str) -> Result<(String, PathBuf), String> {
-    let (repository, program) = text
+/// `REPOSITORY=PATH`, the path made absolute (it must exist).
+fn parse_image_arg(text: &str, what: &str) -> Result<(String, PathBuf), String> {
+    let (repository, path) = text
         .split_once('=')
         .filter(|(r, p)| !r.is_empty() && !p.is_empty())
-        .ok_or_else(|| format!("{text:?}: expected REPOSITORY=PROGRAM"))?;
-    let program = std::fs::canonicalize(program)
-        .map_err(|e| format!("{program}: {e} (the program must exist)"))?;
-    Ok((repository.to_string(), program))
+        .ok_or_else(|| format!("{text:?}: expected REPOSITORY={what}"))?;
+    let path =
+        std::fs::canonicalize(path).map_err(|e| format!("{path}: {e} (the {what} must exist)"))?;
+    Ok((repository.to_string(), path))
+}
+
+fn parse_program_image(text: &str) -> Result<(String, ImageSource), String> {
+    parse_image_arg(text, "PROGRAM").map(|(r, p)| (r, ImageSource::Program(p)))
+}
+
+fn parse_archive_image(text: &str) -> Result<(String, ImageSource), String> {
+    parse_image_arg(text, "ARCHIVE").map(|(r, p)| (r, ImageSource::Archive(p)))
 }
 
 fn up(
@@ -59,7 +74,7 @@ fn up(
     name: String,
     bin: Option<PathBuf>,
     nodes: u8,
-    images: Vec<(String, PathBuf)>,
+    images: Vec<(String, ImageSource)>,
 ) -> Result<(), String> {
     if let Some(pid) = running_pid(dir) {
         return Err(format!(
@@ -174,8 +189,12 @@ fn main() -> ExitCode {
             name,
             bin,
             nodes,
-            images,
-        } => up(&dir, name, bin, nodes, images),
+            mut images,
+            archives,
+        } => {
+            images.extend(archives);
+            up(&dir, name, bin, nodes, images)
+        }
         Command::Down { dir } => down(&dir),
     };
     match result {

@@ -3,6 +3,7 @@
 
 use kube::api::{Api, ListParams};
 use kube::Client;
+use localcluster::node::ImageSource;
 use localcluster::{Binaries, LocalCluster, Options};
 use lockedjob::api::{LockedJob, RunOutcome};
 use lockedjob::lab::harness::FaultProxy;
@@ -61,7 +62,7 @@ impl Side {
         let image = format!("{IMAGE}:{}", chart_app_version()?);
         let options = Options {
             binaries: Some(bins.clone()),
-            images: BTreeMap::from([(image, lockedjob.to_path_buf())]),
+            images: BTreeMap::from([(image, ImageSource::Program(lockedjob.to_path_buf()))]),
             ..Options::named(id)
         };
         let cluster = tokio::task::spawn_blocking(move || LocalCluster::start(options))

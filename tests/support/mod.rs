@@ -169,6 +169,31 @@ pub fn lockedjob_bin() -> std::path::PathBuf {
     std::path::PathBuf::from(env!("CARGO_BIN_EXE_lockedjob"))
 }
 
+/// An image of the tests' `lockedjob` binary with its shared libraries, as distroless/cc
+/// would hold it: quick to make, and it runs the code under test.
+pub fn lockedjob_image() -> localcluster::node::ImageSource {
+    localcluster::node::ImageSource::Program(lockedjob_bin())
+}
+
+/// The operator image built from the Dockerfile by `scripts/image.sh` (buildah, the base
+/// images made here; cached, so only a change to the workspace builds again), named
+/// `reference`. Needs root.
+pub fn dockerfile_image(reference: &str) -> localcluster::node::ImageSource {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let out = std::process::Command::new(root.join("scripts/image.sh"))
+        .args(["--tag", reference])
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .expect("run scripts/image.sh");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "scripts/image.sh --tag {reference} failed (its error above): {stdout}"
+    );
+    let archive = stdout.lines().last().expect("the archive's path");
+    localcluster::node::ImageSource::Archive(archive.into())
+}
+
 /// A free loopback port outside the kernel's ephemeral range (see `localcluster::free_port`:
 /// a port 0 choice could be taken as a client's source port before the server binds it).
 pub fn free_port() -> u16 {

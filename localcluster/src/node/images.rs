@@ -1,8 +1,8 @@
 //! Images made on this machine, offline, from files it has (Debian's busybox-static, the Go
 //! binaries built by `scripts/k8s-bins.sh`): each one layer written here as a `docker save`
 //! archive under the name pods use, then pushed to the cluster's registry (`registry.rs`),
-//! which the nodes pull from. (buildah would leave its caches in /var/lib/containers and
-//! /etc/cni; a single static layer needs none of it.)
+//! which the nodes pull from. (A single static layer needs no image builder; the operator's
+//! image from its Dockerfile comes as an archive `scripts/image.sh` built with buildah.)
 
 use super::config::PAUSE_IMAGE;
 use crate::Error;
@@ -17,6 +17,17 @@ const REDIS_IMAGE: &str = "docker.io/library/redis:7.2-alpine";
 const BUSYBOX: &str = "/bin/busybox";
 const REDIS_SERVER: &str = "/usr/bin/redis-server";
 const CA_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
+
+/// What an image of `Options::images` is made of.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ImageSource {
+    /// A program of this machine, with its shared libraries, as distroless/cc would hold it
+    /// (`program_image`).
+    Program(PathBuf),
+    /// A `docker save` archive built elsewhere (`scripts/image.sh` builds the Dockerfile into
+    /// one), holding the image under the reference it is given for.
+    Archive(PathBuf),
+}
 
 /// One image: files copied in (from, path in the image), symbolic links, entrypoint,
 /// command and user.
@@ -128,6 +139,32 @@ fn with_libraries(program: &Path) -> Result<Vec<(PathBuf, String)>, Error> {
         }
     }
     Ok(files)
+}
+
+/// The references a docker archive holds images under (its manifest's `RepoTags`).
+pub fn archive_tags(archive: &Path) -> Result<Vec<String>, Error> {
+    let what = format!("read the image archive {}", archive.display());
+    let io = |e| Error::io("read an image archive", e);
+    let file = std::fs::File::open(archive).map_err(io)?;
+    let mut entries = tar::Archive::new(file);
+    for entry in entries.entries().map_err(io)? {
+        let entry = entry.map_err(io)?;
+        if entry.path().map_err(io)?.as_os_str() != "manifest.json" {
+            continue;
+        }
+        let manifest: Vec<serde_json::Value> = serde_json::from_reader(entry)
+            .map_err(|e| Error::Host(format!("{what}: manifest.json: {e}")))?;
+        let tags = manifest
+            .iter()
+            .filter_map(|image| image["RepoTags"].as_array());
+        return Ok(tags
+            .flatten()
+            .filter_map(|tag| tag.as_str().map(str::to_string))
+            .collect());
+    }
+    Err(Error::Host(format!(
+        "{what}: no manifest.json (not a docker archive)"
+    )))
 }
 
 /// Writes each image as a docker archive into `work`.

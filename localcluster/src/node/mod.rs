@@ -17,6 +17,7 @@ mod network;
 mod registry;
 mod storage;
 
+pub use images::ImageSource;
 pub use network::{NodeNetwork, Subnets, MAX_NODES};
 
 use crate::pki::{NodeIdentity, Pki};
@@ -110,8 +111,8 @@ pub struct NodeStart<'a> {
     pub server: &'a str,
     /// The admin kubeconfig, for applying CoreDNS and the volumes.
     pub admin_kubeconfig: &'a Path,
-    /// Image reference -> the program an image is made of (`Options::images`).
-    pub images: &'a BTreeMap<String, PathBuf>,
+    /// Image reference -> what the image is made of (`Options::images`).
+    pub images: &'a BTreeMap<String, ImageSource>,
     pub client: kube::Client,
     pub timeout: Duration,
 }
@@ -136,6 +137,34 @@ fn coredns_image(bin_dir: &Path) -> String {
 }
 
 /// `repository` -> `repository:latest`; a reference with a tag or digest stays.
+/// Every image the nodes need as a docker archive (reference, path): those made here written
+/// into `work`, those built elsewhere checked to hold the reference they are given for.
+fn image_archives(s: &NodeStart, work: &Path) -> Result<Vec<(String, PathBuf)>, Error> {
+    let mut specs = images::node_images(s.bin_dir, &coredns_image(s.bin_dir))?;
+    let mut built_elsewhere = Vec::new();
+    for (reference, source) in s.images {
+        let reference = with_tag(reference);
+        match source {
+            ImageSource::Program(program) => {
+                specs.push(images::program_image(&reference, program)?)
+            }
+            ImageSource::Archive(archive) => {
+                let tags = images::archive_tags(archive)?;
+                if !tags.contains(&reference) {
+                    return Err(Error::Host(format!(
+                        "{} holds {tags:?}, not {reference}",
+                        archive.display()
+                    )));
+                }
+                built_elsewhere.push((reference, archive.clone()));
+            }
+        }
+    }
+    let mut archives = images::write_archives(&specs, work)?;
+    archives.extend(built_elsewhere);
+    Ok(archives)
+}
+
 fn with_tag(reference: &str) -> String {
     let last = reference.rsplit('/').next().unwrap_or(reference);
     if last.contains(':') || last.contains('@') {
@@ -229,12 +258,8 @@ impl RealNodes {
     /// containerd; pods pull them from there. Only the sandbox image is imported into every
     /// node: containerd keeps it pinned and the kubelet never pulls it.
     fn import_images(&self, s: &NodeStart) -> Result<(), Error> {
-        let mut specs = images::node_images(s.bin_dir, &coredns_image(s.bin_dir))?;
-        for (reference, program) in s.images {
-            specs.push(images::program_image(&with_tag(reference), program)?);
-        }
         let work = self.prepared.cluster_dir.join("images");
-        let archives = images::write_archives(&specs, &work)?;
+        let archives = image_archives(s, &work)?;
         let (sandbox, pulled): (Vec<_>, Vec<_>) = archives
             .into_iter()
             .partition(|(name, _)| name == config::PAUSE_IMAGE);
