@@ -54,7 +54,7 @@ export LOCKEDJOB_MONITORING_CRDS
 # tests/real_node_chart.rs find it cached.
 image_log="$(mktemp)"
 echo "== the operator image from the Dockerfile (scripts/image.sh, in the background; log $image_log)"
-setsid scripts/image.sh >"$image_log" 2>&1 &
+setsid -w scripts/image.sh >"$image_log" 2>&1 &
 image_build=$!
 # A check that fails below ends the run: stop the build with it (its own process group).
 trap 'kill -TERM -- "-$image_build" 2>/dev/null || true; rm -f "$image_log"' EXIT
