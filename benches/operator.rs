@@ -92,10 +92,10 @@ fn env_or(name: &str, default: u64) -> u64 {
 /// sides use `concurrencyPolicy: Forbid` (CronJob's default is Allow, LockedJob's Forbid), so
 /// a run that outlasts its minute holds the next one back on either side alike.
 fn job_template() -> Value {
-    json!({"spec": {"backoffLimit": 0, "template": {"spec": {
+    json!({"spec": {"backoffLimit": 0, "template": {"spec": support::kubernetes::restricted(json!({
         "restartPolicy": "Never", "terminationGracePeriodSeconds": 1,
         "automountServiceAccountToken": false,
-        "containers": [{"name": "main", "image": "busybox:1.36", "command": ["sleep", "3"]}]}}}})
+        "containers": [{"name": "main", "image": "busybox:1.36", "command": ["sleep", "3"]}]}))}}})
 }
 
 /// The spec both sides share: the same schedule, policy, history and pods.

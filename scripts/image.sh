@@ -64,6 +64,8 @@ b() { buildah "${storage[@]}" "$@"; }
 finish() {
   local status=$?
   b rm --all >/dev/null 2>&1 || true
+  # debootstrap mounts /proc and /sys in its target while it runs; never delete through them.
+  findmnt -rn -o TARGET | grep "^$work/" | sort -r | xargs -r umount -l || true
   rm -rf "$work"
   if [ "$status" -ne 0 ]; then
     say "error: the build failed (exit $status); the last lines of $log:"

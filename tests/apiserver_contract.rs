@@ -23,7 +23,7 @@ use serde_json::json;
 use std::time::Duration;
 use support::kubernetes::{
     client_for, create_namespace, delete_namespace, eventually, install_lockedjob_crd,
-    local_cluster,
+    local_cluster, restricted,
 };
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -95,8 +95,8 @@ fn locked_job(name: &str) -> LockedJob {
     serde_json::from_value(json!({
         "apiVersion": "lockedjob.dev/v1alpha1", "kind": "LockedJob",
         "metadata": {"name": name},
-        "spec": {"schedule": "*/5 * * * *", "jobTemplate": {"spec": {"template": {"spec": {
-            "restartPolicy": "Never", "containers": [{"name": "main", "image": "busybox:1.36", "command": ["true"]}]}}}}}
+        "spec": {"schedule": "*/5 * * * *", "jobTemplate": {"spec": {"template": {"spec": restricted(json!({
+            "restartPolicy": "Never", "containers": [{"name": "main", "image": "busybox:1.36", "command": ["true"]}]}))}}}}
     }))
     .expect("locked job")
 }
@@ -104,10 +104,10 @@ fn locked_job(name: &str) -> LockedJob {
 fn job(name: &str, script: &str, extra: serde_json::Value) -> Job {
     let mut value = json!({
         "metadata": {"name": name},
-        "spec": {"backoffLimit": 0, "template": {"spec": {
+        "spec": {"backoffLimit": 0, "template": {"spec": restricted(json!({
             "restartPolicy": "Never", "terminationGracePeriodSeconds": 1,
             "containers": [{"name": "main", "image": "busybox:1.36", "command": ["sh", "-c", script],
-                            "env": [{"name": "GREETING", "value": "hello"}]}]}}}
+                            "env": [{"name": "GREETING", "value": "hello"}]}]}))}}
     });
     json_patch::merge(&mut value, &extra);
     serde_json::from_value(value).expect("job")

@@ -157,8 +157,8 @@ async fn next_reads_a_lockedjobs_schedule_and_zone_from_the_cluster() {
         "apiVersion": "lockedjob.dev/v1alpha1", "kind": "LockedJob",
         "metadata": {"name": "report"},
         "spec": {"schedule": "30 6 * * 1", "timeZone": "Europe/Berlin",
-            "jobTemplate": {"spec": {"template": {"spec": {"restartPolicy": "Never",
-                "containers": [{"name": "main", "image": "busybox"}]}}}}}
+            "jobTemplate": {"spec": {"template": {"spec": support::kubernetes::restricted(json!({"restartPolicy": "Never",
+                "containers": [{"name": "main", "image": "busybox"}]}))}}}}
     }))
     .expect("LockedJob");
     Api::<LockedJob>::namespaced(client.clone(), &namespace)

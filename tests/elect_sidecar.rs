@@ -115,12 +115,12 @@ async fn gated_pod_with(pods: &Api<Pod>, name: &str, init_containers: serde_json
     );
     let pod = json!({
         "metadata": {"name": name, "labels": {"app": "writer"}},
-        "spec": {
+        "spec": support::kubernetes::restricted(json!({
             "schedulingGates": [{"name": "lockedjob.dev/test"}],
             "readinessGates": [{"conditionType": LEADER_CONDITION}],
             "initContainers": init_containers,
             "containers": [{"name": "main", "image": "busybox:1.36", "command": ["sleep", "1000"]}],
-        },
+        })),
     });
     pods.create(
         &PostParams::default(),

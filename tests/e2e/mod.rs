@@ -9,7 +9,7 @@
 #![allow(dead_code)]
 
 use super::support::kubernetes::{
-    client_for, create_namespace, eventually, install_lockedjob_crd, local_cluster,
+    client_for, create_namespace, eventually, install_lockedjob_crd, local_cluster, restricted,
 };
 use super::support::{self, FaultProxy, Persistence, RedisNodes};
 use futures::StreamExt;
@@ -175,8 +175,8 @@ impl Cluster {
                 "successfulJobsHistoryLimit": 100, "failedJobsHistoryLimit": 100,
                 "jobTemplate": {"spec": {"backoffLimit": 0, "template": {
                     "metadata": {"labels": {JOURNAL_LABEL: "true"}},
-                    "spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 1,
-                        "containers": [{"name": "main", "image": "busybox:1.36", "command": ["sh", "-c", script]}]}}}}}
+                    "spec": restricted(json!({"restartPolicy": "Never", "terminationGracePeriodSeconds": 1,
+                        "containers": [{"name": "main", "image": "busybox:1.36", "command": ["sh", "-c", script]}]}))}}}}
         }))
         .expect("locked job")
     }

@@ -38,19 +38,42 @@ pub async fn client_with_retries(path: &Path, retries: bool) -> kube::Client {
     kube::Client::try_from(config).expect("kube client")
 }
 
-/// A fresh namespace `PREFIX-xxxxxxxx` labelled `lockedjob-e2e=true`.
+/// The Pod Security Standard every test namespace enforces: the tests' pods pass it, as pods
+/// must in a locked-down namespace of a user's, and runc enforces what they declare.
+pub const POD_SECURITY_ENFORCE: &str = "pod-security.kubernetes.io/enforce";
+
+/// A fresh namespace `PREFIX-xxxxxxxx` labelled `lockedjob-e2e=true`, enforcing the
+/// `restricted` Pod Security Standard.
 pub async fn create_namespace(client: &kube::Client, prefix: &str) -> String {
     let namespace = format!("{prefix}-{:08x}", rand::random::<u32>());
     Api::<Namespace>::all(client.clone())
         .create(
             &PostParams::default(),
             &serde_json::from_value(json!({"metadata": {
-                "name": namespace, "labels": {"lockedjob-e2e": "true"}}}))
+                "name": namespace,
+                "labels": {"lockedjob-e2e": "true", POD_SECURITY_ENFORCE: "restricted"}}}))
             .expect("namespace"),
         )
         .await
         .unwrap_or_else(|e| panic!("create the test namespace {namespace}: {e}"));
     namespace
+}
+
+/// A pod spec made to pass the `restricted` Pod Security Standard: user nobody, the runtime's
+/// seccomp profile, and in every container no privilege escalation and no capabilities.
+pub fn restricted(mut spec: serde_json::Value) -> serde_json::Value {
+    spec["securityContext"] = json!({"runAsNonRoot": true, "runAsUser": 65534,
+        "runAsGroup": 65534, "seccompProfile": {"type": "RuntimeDefault"}});
+    for list in ["initContainers", "containers"] {
+        let Some(containers) = spec[list].as_array_mut() else {
+            continue;
+        };
+        for container in containers {
+            container["securityContext"] = json!({"allowPrivilegeEscalation": false,
+                "capabilities": {"drop": ["ALL"]}});
+        }
+    }
+    spec
 }
 
 pub async fn delete_namespace(client: &kube::Client, namespace: &str) {
