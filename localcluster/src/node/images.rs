@@ -328,3 +328,37 @@ fn write_archive(spec: &ImageSpec, path: &Path) -> Result<(), Error> {
     }
     archive.finish().map_err(io("write an image archive"))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_archive_names_the_image_it_holds() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let program = dir.path().join("program");
+        std::fs::write(&program, b"#!/bin/sh\n").expect("write a file");
+        let spec = ImageSpec {
+            name: "example.test/app:1".into(),
+            files: vec![(program, "/app".into())],
+            ..ImageSpec::default()
+        };
+        let archives = write_archives(&[spec], dir.path()).expect("write the archive");
+        let tags = archive_tags(&archives[0].1).expect("read the archive");
+        assert_eq!(tags, ["example.test/app:1"]);
+    }
+
+    #[test]
+    fn a_file_that_is_no_docker_archive_is_refused() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let not_an_archive = dir.path().join("empty.tar");
+        tar::Builder::new(std::fs::File::create(&not_an_archive).expect("create"))
+            .finish()
+            .expect("an empty tar");
+        let error = archive_tags(&not_an_archive).expect_err("no manifest.json");
+        assert!(
+            error.to_string().contains("not a docker archive"),
+            "{error}"
+        );
+    }
+}

@@ -136,7 +136,6 @@ fn coredns_image(bin_dir: &Path) -> String {
     )
 }
 
-/// `repository` -> `repository:latest`; a reference with a tag or digest stays.
 /// Every image the nodes need as a docker archive (reference, path): those made here written
 /// into `work`, those built elsewhere checked to hold the reference they are given for.
 fn image_archives(s: &NodeStart, work: &Path) -> Result<Vec<(String, PathBuf)>, Error> {
@@ -165,6 +164,7 @@ fn image_archives(s: &NodeStart, work: &Path) -> Result<Vec<(String, PathBuf)>, 
     Ok(archives)
 }
 
+/// `repository` -> `repository:latest`; a reference with a tag or digest stays.
 fn with_tag(reference: &str) -> String {
     let last = reference.rsplit('/').next().unwrap_or(reference);
     if last.contains(':') || last.contains('@') {
