@@ -23,11 +23,10 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 use support::kubernetes::{create_namespace, delete_namespace, eventually};
-use support::{chart_app_version, FaultProxy, Persistence, RedisNodes};
+use support::{FaultProxy, Persistence, RedisNodes};
 
 const CHART: &str = "charts/lockedjob-operator";
 const LOCAL_VALUES: &str = "charts/lockedjob-operator/ci/local-values.yaml";
-const IMAGE: &str = "ghcr.io/lockedjob/lockedjob-operator";
 const README_MARKER: &str = "<!-- tests/helm.rs runs the next block -->";
 
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -41,10 +40,7 @@ fn repo(path: &str) -> PathBuf {
 async fn helm_cluster() -> &'static LocalCluster {
     tokio::task::spawn_blocking(|| {
         localcluster::shared_with("helm", || Options {
-            images: BTreeMap::from([(
-                format!("{IMAGE}:{}", chart_app_version()),
-                support::lockedjob_image(),
-            )]),
+            images: BTreeMap::from([(support::chart_image(), support::lockedjob_image())]),
             ..Options::named("helm")
         })
     })

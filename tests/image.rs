@@ -17,10 +17,10 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-const TAG: &str = "localhost/lockedjob-operator:image-test";
-
+/// The chart's image name, as CI's build and `tests/real_node_chart.rs` ask for it: one
+/// archive serves all three.
 fn build() -> PathBuf {
-    match support::dockerfile_image(TAG) {
+    match support::dockerfile_image(&support::chart_image()) {
         ImageSource::Archive(path) => path,
         other => panic!("scripts/image.sh gave {other:?}, not an archive"),
     }
@@ -67,7 +67,8 @@ impl Archive {
         let manifest: serde_json::Value =
             serde_json::from_slice(self.file("manifest.json")).expect("manifest.json");
         let image = &manifest[0];
-        assert_eq!(image["RepoTags"], serde_json::json!([TAG]), "{manifest}");
+        let tag = support::chart_image();
+        assert_eq!(image["RepoTags"], serde_json::json!([tag]), "{manifest}");
         let config = image["Config"].as_str().expect("a Config entry");
         let config = serde_json::from_slice(self.file(config)).expect("the image config");
         let layers = image["Layers"].as_array().expect("Layers");

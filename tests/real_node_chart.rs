@@ -31,13 +31,12 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 use support::kubernetes::eventually;
 
-const IMAGE: &str = "ghcr.io/lockedjob/lockedjob-operator";
 const RELEASE: &str = "locks";
 const REDIS_NODES: usize = 5;
 const RESTART_DELAY_SECONDS: u64 = 8;
 const WAIT: Duration = Duration::from_secs(180);
 
-use support::{chart_app_version, chart_field};
+use support::{chart_field, chart_image};
 
 /// `helm package` and `helm push` of the chart to the cluster's registry; its `oci://`
 /// repository.
@@ -97,10 +96,7 @@ async fn cluster() -> &'static LocalCluster {
     tokio::task::spawn_blocking(|| {
         localcluster::shared_with("chart-real", || Options {
             nodes: REDIS_NODES as u8,
-            images: BTreeMap::from([(
-                format!("{IMAGE}:{}", chart_app_version()),
-                support::dockerfile_image(&format!("{IMAGE}:{}", chart_app_version())),
-            )]),
+            images: BTreeMap::from([(chart_image(), support::dockerfile_image(&chart_image()))]),
             ..Options::named("chart")
         })
     })
@@ -406,7 +402,7 @@ async fn the_charts_defaults_run_on_a_real_node_in_a_restricted_namespace() {
         "one Redis node per Kubernetes node: {redis_nodes:?}"
     );
 
-    let image = format!("{IMAGE}:{}", chart_app_version());
+    let image = chart_image();
     let job = readme_exec_job("readme-exec", &ns, &ns, &image);
     let (outcome, output) = run_job(cluster, &client, &ns, "readme-exec", &job).await;
     assert_eq!(
@@ -855,7 +851,7 @@ async fn an_install_of_the_previous_chart_upgrades_and_migrates_to_headless_serv
         eventually(WAIT, || all_ready(&client, &ns)).await,
         "the upgraded release is not Ready"
     );
-    let image = format!("{IMAGE}:{}", chart_app_version());
+    let image = chart_image();
     let job = readme_exec_job("after-upgrade", &ns, &ns, &image);
     let (outcome, output) = run_job(cluster, &client, &ns, "after-upgrade", &job).await;
     assert_eq!(outcome, Some(true), "exec after the upgrade:\n{output}");

@@ -164,6 +164,15 @@ pub fn chart_app_version() -> String {
     chart_field("appVersion")
 }
 
+/// The operator image the chart's values name by default (`image.repository`, the tag being
+/// the chart's appVersion), which the tests' clusters serve under that name.
+pub fn chart_image() -> String {
+    format!(
+        "ghcr.io/lockedjob/lockedjob-operator:{}",
+        chart_app_version()
+    )
+}
+
 /// Path of the built `lockedjob` binary (cargo builds it for integration tests).
 pub fn lockedjob_bin() -> std::path::PathBuf {
     std::path::PathBuf::from(env!("CARGO_BIN_EXE_lockedjob"))
