@@ -19,8 +19,7 @@
 mod client_go;
 #[path = "elect/kubernetes.rs"]
 mod kubernetes;
-#[path = "../tests/support/mod.rs"]
-mod support;
+use testsupport as support;
 
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;

@@ -18,8 +18,7 @@
 //! warnings. Under `cargo test` it runs a smoke pass (N = 5, one minute) that fails on a missed or
 //! doubled LockedJob run, so it cannot rot.
 
-#[path = "../tests/support/mod.rs"]
-mod support;
+use testsupport as support;
 
 use futures::{StreamExt, TryStreamExt};
 use jiff::Timestamp;

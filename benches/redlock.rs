@@ -5,8 +5,7 @@
 //! `cargo bench --bench redlock` runs it in full; under `cargo test` it runs a small smoke pass
 //! so that it cannot rot. `BENCH_OPS` sets the operations per measurement (default 4000).
 
-#[path = "../tests/support/mod.rs"]
-mod support;
+use testsupport as support;
 
 use lockedjob::redlock::{Redlock, RedlockConfig};
 use std::future::Future;

@@ -4,11 +4,12 @@
 
 use crate::node::{ImageSource, NodeStart, PreparedNodes, RealNodes};
 use crate::process::Daemon;
+use crate::slots::{self, Slot};
 use crate::{free_port, Binaries, Error, Pki};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, OnceLock};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot};
 
@@ -85,6 +86,8 @@ pub struct LocalCluster {
     /// Taken by the first shutdown (a `Mutex` so a shared `&'static` cluster can be stopped at
     /// exit); the directory is removed after the thread stopped every process.
     owned: Mutex<Option<(std::thread::JoinHandle<()>, Dir)>>,
+    /// This process's room for the cluster (`slots`), given back once it has stopped.
+    slot: Mutex<Option<Slot>>,
 }
 
 /// Everything the cluster's thread needs to (re)start its processes.
@@ -260,7 +263,14 @@ pub async fn client_for(kubeconfig: &Path) -> Result<kube::Client, Error> {
 impl LocalCluster {
     /// Starts a control plane and its nodes and waits until the API server is ready and
     /// the node is registered. Blocks: from async code call it in `spawn_blocking`.
+    /// Starts a cluster of the caller's own, stopped when dropped. Waits while this process
+    /// already runs as many clusters as it may (`slots`).
     pub fn start(options: Options) -> Result<Self, Error> {
+        let slot = slots::take_for(&options);
+        Self::start_with(options, slot)
+    }
+
+    pub(crate) fn start_with(options: Options, slot: Slot) -> Result<Self, Error> {
         // Ports are picked free and bound by the components a moment later; another process
         // can take one in between. That failure is retried on fresh ports, nothing else is.
         let mut attempts = 0;
@@ -272,7 +282,11 @@ impl LocalCluster {
                         "localcluster: a port was taken while starting ({e}); again on fresh ports"
                     );
                 }
-                result => return result,
+                result => {
+                    let cluster = result?;
+                    *cluster.slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(slot);
+                    return Ok(cluster);
+                }
             }
         }
     }
@@ -362,6 +376,7 @@ impl LocalCluster {
             path: dir.path().to_path_buf(),
             bin_dir,
             owned: Mutex::new(Some((thread, dir))),
+            slot: Mutex::new(None),
         })
     }
 
@@ -469,13 +484,15 @@ impl LocalCluster {
     }
 
     /// Stops every process and removes the directory (unless it was given to keep).
-    fn shutdown(&self) {
+    pub(crate) fn shutdown(&self) {
         let owned = self.owned.lock().ok().and_then(|mut o| o.take());
         if let Some((thread, dir)) = owned {
             let _ = self.requests.send(Request::Shutdown);
             let _ = thread.join();
             drop(dir);
         }
+        let slot = self.slot.lock().ok().and_then(|mut s| s.take());
+        drop(slot);
     }
 }
 
@@ -670,42 +687,4 @@ async fn start_apiserver(layout: &Layout, timeout: Duration) -> Result<(Daemon, 
         .map_err(|e| Error::Client(format!("read /version: {e}")))?
         .git_version;
     Ok((apiserver, version))
-}
-
-type SharedClusters = Mutex<HashMap<&'static str, &'static LocalCluster>>;
-
-static SHARED: OnceLock<SharedClusters> = OnceLock::new();
-
-/// Statics are never dropped: the shared clusters are stopped when the process exits.
-extern "C" fn stop_shared_clusters() {
-    if let Some(Ok(map)) = SHARED.get().map(Mutex::lock) {
-        for cluster in map.values() {
-            cluster.shutdown();
-        }
-    }
-}
-
-/// A cluster shared by every test of this process under `name`, started on first use and
-/// stopped when the process exits. Tests isolate themselves in namespaces of their own.
-pub fn shared(name: &'static str) -> Result<&'static LocalCluster, Error> {
-    shared_with(name, || Options::named(name))
-}
-
-/// `shared`, started with the options `options` gives (called only if it must start).
-pub fn shared_with(
-    name: &'static str,
-    options: impl FnOnce() -> Options,
-) -> Result<&'static LocalCluster, Error> {
-    let clusters = SHARED.get_or_init(|| {
-        // SAFETY: registers a plain extern "C" function with no arguments.
-        unsafe { libc::atexit(stop_shared_clusters) };
-        Mutex::new(HashMap::new())
-    });
-    let mut map = clusters.lock().map_err(|_| Error::Gone)?;
-    if let Some(cluster) = map.get(name) {
-        return Ok(cluster);
-    }
-    let cluster: &'static LocalCluster = Box::leak(Box::new(LocalCluster::start(options())?));
-    map.insert(name, cluster);
-    Ok(cluster)
 }

@@ -34,7 +34,7 @@ where
     check().await
 }
 
-async fn cluster() -> &'static LocalCluster {
+async fn cluster() -> localcluster::Shared {
     tokio::task::spawn_blocking(|| localcluster::shared("acceptance"))
         .await
         .expect("join")
@@ -58,8 +58,9 @@ fn kubectl(cluster: &LocalCluster, args: &[&str]) -> String {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "kubernetes tier: root and a local cluster; run with scripts/test.sh kubernetes"]
 async fn serves_the_pinned_version_and_the_builtin_apis() {
-    let cluster = cluster().await;
+    let cluster = &cluster().await;
     let pinned = std::fs::read_to_string(
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/k8s-versions.env"),
     )
@@ -101,8 +102,9 @@ async fn serves_the_pinned_version_and_the_builtin_apis() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "kubernetes tier: root and a local cluster; run with scripts/test.sh kubernetes"]
 async fn a_job_runs_to_complete_with_env_and_logs_through_the_api() {
-    let cluster = cluster().await;
+    let cluster = &cluster().await;
     let client = cluster.client().await.expect("client");
     let ns = namespace(&client, "job").await;
     Api::<Secret>::namespaced(client.clone(), &ns)
@@ -199,8 +201,9 @@ async fn a_job_runs_to_complete_with_env_and_logs_through_the_api() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "kubernetes tier: root and a local cluster; run with scripts/test.sh kubernetes"]
 async fn deletion_sends_sigterm_and_a_failing_container_restarts_by_policy() {
-    let cluster = cluster().await;
+    let cluster = &cluster().await;
     let client = cluster.client().await.expect("client");
     let ns = namespace(&client, "pods").await;
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
@@ -311,6 +314,7 @@ async fn deletion_sends_sigterm_and_a_failing_container_restarts_by_policy() {
 /// quickstart once waited 5 minutes on a scheduler that had exited at once), after the retries
 /// on fresh ports a taken port gets.
 #[test]
+#[ignore = "kubernetes tier: root and a local cluster; run with scripts/test.sh kubernetes"]
 fn a_component_that_exits_at_start_fails_the_start_with_its_log() {
     let real = localcluster::Binaries::locate().expect("binaries");
     let dir = tempfile::tempdir().expect("temp dir");

@@ -8,13 +8,13 @@ mod common;
 use common::namespace;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, LogParams, PostParams};
-use localcluster::{LocalCluster, Options};
+use localcluster::Options;
 use serde_json::json;
 use std::time::{Duration, Instant};
 
 const WAIT: Duration = Duration::from_secs(90);
 
-async fn cluster() -> &'static LocalCluster {
+async fn cluster() -> localcluster::Shared {
     tokio::task::spawn_blocking(|| {
         localcluster::shared_with("real-node", || Options {
             nodes: 2,
@@ -88,8 +88,9 @@ async fn logs(pods: &Api<Pod>, name: &str) -> String {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "kubernetes tier: root and a local cluster; run with scripts/test.sh kubernetes"]
 async fn the_node_runs_containerd_and_a_pod_logs_through_the_api_server() {
-    let cluster = cluster().await;
+    let cluster = &cluster().await;
     let client = cluster.client().await.expect("client");
     let node = Api::<Node>::all(client.clone())
         .get(&format!("{}-node", cluster.name()))
@@ -117,8 +118,9 @@ async fn the_node_runs_containerd_and_a_pod_logs_through_the_api_server() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "kubernetes tier: root and a local cluster; run with scripts/test.sh kubernetes"]
 async fn a_pod_over_its_memory_limit_is_oom_killed() {
-    let cluster = cluster().await;
+    let cluster = &cluster().await;
     let client = cluster.client().await.expect("client");
     let ns = namespace(&client, "oom").await;
     let pods: Api<Pod> = Api::namespaced(client, &ns);
@@ -146,8 +148,9 @@ async fn a_pod_over_its_memory_limit_is_oom_killed() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "kubernetes tier: root and a local cluster; run with scripts/test.sh kubernetes"]
 async fn a_service_name_resolves_and_routes_to_its_endpoints_on_every_node() {
-    let cluster = cluster().await;
+    let cluster = &cluster().await;
     let client = cluster.client().await.expect("client");
     let ns = namespace(&client, "svc").await;
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
@@ -196,8 +199,9 @@ async fn a_service_name_resolves_and_routes_to_its_endpoints_on_every_node() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "kubernetes tier: root and a local cluster; run with scripts/test.sh kubernetes"]
 async fn nothing_a_pod_sends_leaves_the_machine() {
-    let cluster = cluster().await;
+    let cluster = &cluster().await;
     let client = cluster.client().await.expect("client");
     let ns = namespace(&client, "egress").await;
     let pods: Api<Pod> = Api::namespaced(client, &ns);

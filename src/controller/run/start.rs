@@ -216,6 +216,7 @@ mod tests {
     /// time as started; tried before this cluster's first run even then, so that the attempt
     /// records a time another cluster ran.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    #[ignore = "redis tier: real redis-server; run with scripts/test.sh redis"]
     async fn a_held_back_replica_leaves_a_taken_time_alone_but_a_first_run_records_it() {
         use HoldBack::{HeadStart, Spread};
         let nodes = RedisNodes::start(3, Persistence::None).expect("start redis-server");

@@ -252,6 +252,7 @@ mod tests {
     /// pods, by the Job controller's label: a Pending pod must not wait for the garbage
     /// collector (against real nodes, which still name this replica as the holder).
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    #[ignore = "redis tier: real redis-server; run with scripts/test.sh redis"]
     async fn a_lost_lease_deletes_the_job_then_its_pods() {
         let nodes = RedisNodes::start(3, Persistence::None).expect("start redis-server");
         let (client, seen) = api_server(Box::new(|_| (200, json!({}))));

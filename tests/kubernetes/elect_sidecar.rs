@@ -6,7 +6,7 @@
 //! (local processes here) write their conditions; that the kubelet then turns the
 //! `readinessGate` into the pod's Ready condition is the kubelet's part, not exercised here.
 
-mod support;
+use testsupport as support;
 
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
@@ -196,7 +196,7 @@ const CANDIDATES: [&str; 2] = ["writer-a", "writer-b"];
 
 impl Election {
     async fn new(prefix: &str, init_containers: serde_json::Value) -> Self {
-        let local = local_cluster("east").await;
+        let local = &local_cluster("east").await;
         let client = client_for(&local.kubeconfig()).await;
         let namespace = create_namespace(&client, prefix).await;
         let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
@@ -293,7 +293,9 @@ impl Election {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "kubernetes tier: root and a local cluster; run with scripts/test.sh kubernetes"]
 async fn the_pod_condition_label_and_lease_follow_the_leader() {
+    let _turn = crate::beside();
     let election = Election::new("elect", json!([])).await;
     let (pods, nodes, client) = (&election.pods, &election.nodes, &election.client);
     let leases: Api<Lease> = Api::namespaced(client.clone(), &election.namespace);
@@ -386,7 +388,9 @@ fn sidecar_status(state: serde_json::Value, last_message: &str) -> serde_json::V
 /// the status shows the leader's container running, a value of an older instance in its last
 /// state frees nothing. (The test writes the status as the kubelet would; the pods are gated.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "kubernetes tier: root and a local cluster; run with scripts/test.sh kubernetes"]
 async fn a_leader_reported_terminated_by_the_kubelet_is_replaced_before_its_ttl() {
+    let _turn = crate::beside();
     use kube::api::{Patch, PatchParams};
     let sidecar_spec =
         json!([{"name": "leader", "image": "lockedjob:test", "restartPolicy": "Always"}]);
@@ -492,7 +496,9 @@ async fn a_leader_reported_terminated_by_the_kubelet_is_replaced_before_its_ttl(
 /// kubelet to stop the pod (which no node does here: a finalizer holds the deleted pod); it
 /// campaigns no more and exits on SIGTERM.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "kubernetes tier: root and a local cluster; run with scripts/test.sh kubernetes"]
 async fn a_leader_whose_pod_is_deleted_hands_over_once_its_record_has_expired() {
+    let _turn = crate::beside();
     use kube::api::{DeleteParams, Patch, PatchParams};
     let election = Election::new("elect-deleted", json!([])).await;
     let (pods, nodes) = (&election.pods, &election.nodes);
@@ -563,8 +569,10 @@ async fn a_leader_whose_pod_is_deleted_hands_over_once_its_record_has_expired() 
 /// The README's example Deployment (native sidecar, readiness gate, Service) is accepted by the
 /// real API server as written, in a namespace of the test's own.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "kubernetes tier: root and a local cluster; run with scripts/test.sh kubernetes"]
 async fn the_example_leader_deployment_is_accepted_by_the_api_server() {
-    let local = local_cluster("east").await;
+    let _turn = crate::beside();
+    let local = &local_cluster("east").await;
     let client = client_for(&local.kubeconfig()).await;
     let namespace = create_namespace(&client, "elect-example").await;
     let example = std::fs::read_to_string(concat!(
@@ -594,8 +602,10 @@ async fn the_example_leader_deployment_is_accepted_by_the_api_server() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "kubernetes tier: root and a local cluster; run with scripts/test.sh kubernetes"]
 async fn a_sidecar_without_the_right_to_patch_its_pod_status_says_which_right() {
-    let local = local_cluster("east").await;
+    let _turn = crate::beside();
+    let local = &local_cluster("east").await;
     let client = client_for(&local.kubeconfig()).await;
     let namespace = create_namespace(&client, "elect-rbac").await;
     let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
@@ -691,7 +701,9 @@ fn condition_changes(pods: &Api<Pod>, pod: &str) -> (ConditionChanges, AbortOnDr
 /// give-up point, so a Service in its cluster stops routing to it before a candidate in
 /// another cluster can take the lock. Fails on a sidecar that marks its pod only at the loss.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "kubernetes tier: root and a local cluster; run with scripts/test.sh kubernetes"]
 async fn a_leader_whose_renewals_fail_stops_being_ready_before_it_steps_down() {
+    let _turn = crate::beside();
     let mut election = Election::new("elect-fading", json!([])).await;
     let mut reap = Reap(Vec::new());
     reap.0
@@ -740,7 +752,9 @@ async fn a_leader_whose_renewals_fail_stops_being_ready_before_it_steps_down() {
 /// a moment later), the successor holds the lock but does not mark its pod; once no slice
 /// does, it does. Fails on a sidecar that looks only at the pods' Ready condition.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "kubernetes tier: root and a local cluster; run with scripts/test.sh kubernetes"]
 async fn a_new_leader_is_marked_only_once_no_service_routes_to_the_old_one() {
+    let _turn = crate::beside();
     let election = Election::new("elect-routed", json!([])).await;
     let mut reap = election
         .start_a_then_b(|_| vec!["--ttl".into(), "3s".into()])

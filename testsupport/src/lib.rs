@@ -1,8 +1,8 @@
-//! Test harness shared by the integration tests. The parts (real `redis-server` processes on
-//! free loopback ports with kill -9, SIGSTOP/SIGCONT, restart and a movable clock, and the
-//! fault-injecting TCP proxy) live in `lockedjob::lab::harness`, shared with `lockedjob lab`;
-//! here are the panicking shorthands a test wants for its checks.
-#![allow(dead_code, unused_imports)]
+//! Test support shared by the operator's test binaries and benches, compiled once for all of
+//! them. The parts (real `redis-server` processes on free loopback ports with kill -9,
+//! SIGSTOP/SIGCONT, restart and a movable clock, and the fault-injecting TCP proxy) live in
+//! `lockedjob::lab::harness`, shared with `lockedjob lab`; here are the panicking shorthands a
+//! test wants for its checks. Dev-only: the operator binary never links it.
 
 pub use lockedjob::lab::harness::{
     FaultProxy, NodeTls, Persistence, ProxyMode, RedisNode, RedisNodes,
@@ -146,11 +146,8 @@ impl Drop for Reap {
 
 /// A top-level field of the chart's Chart.yaml (`version`, `appVersion`).
 pub fn chart_field(field: &str) -> String {
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/charts/lockedjob-operator/Chart.yaml"
-    );
-    let chart = std::fs::read_to_string(path).expect("Chart.yaml");
+    let chart =
+        std::fs::read_to_string(repo("charts/lockedjob-operator/Chart.yaml")).expect("Chart.yaml");
     let prefix = format!("{field}:");
     chart
         .lines()
@@ -173,9 +170,29 @@ pub fn chart_image() -> String {
     )
 }
 
-/// Path of the built `lockedjob` binary (cargo builds it for integration tests).
+/// A path in the repository (the operator crate's root).
+pub fn repo(path: &str) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("testsupport lives in the repository")
+        .join(path)
+}
+
+/// Path of the built `lockedjob` binary: cargo builds it for the package's tests and benches,
+/// beside their `deps/` directory (what `CARGO_BIN_EXE_lockedjob` names in the package itself).
 pub fn lockedjob_bin() -> std::path::PathBuf {
-    std::path::PathBuf::from(env!("CARGO_BIN_EXE_lockedjob"))
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let profile_dir = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .expect("a test binary lives in target/PROFILE/deps");
+    let bin = profile_dir.join("lockedjob");
+    assert!(
+        bin.exists(),
+        "{} is missing: cargo builds it for the operator crate's tests and benches",
+        bin.display()
+    );
+    bin
 }
 
 /// An image of the tests' `lockedjob` binary with its shared libraries, as distroless/cc
@@ -188,8 +205,7 @@ pub fn lockedjob_image() -> localcluster::node::ImageSource {
 /// images made here; cached, so only a change to the workspace builds again), named
 /// `reference`. Needs root.
 pub fn dockerfile_image(reference: &str) -> localcluster::node::ImageSource {
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-    let out = std::process::Command::new(root.join("scripts/image.sh"))
+    let out = std::process::Command::new(repo("scripts/image.sh"))
         .args(["--tag", reference])
         .stderr(std::process::Stdio::inherit())
         .output()
@@ -217,10 +233,9 @@ pub fn free_ports(n: usize) -> Vec<u16> {
 /// The README's least-privilege `ACL SETUSER` line (after its marker), split into arguments,
 /// with `password` for `<password>`: tests create exactly the documented user.
 pub fn readme_acl_setuser(password: &str) -> Vec<String> {
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
-        .expect("README.md");
+    let readme = std::fs::read_to_string(repo("README.md")).expect("README.md");
     let (_, after) = readme
-        .split_once("<!-- tests/acl.rs runs the next line")
+        .split_once("<!-- tests/redis/acl.rs runs the next line")
         .expect("the README marks its ACL line");
     let line = after
         .lines()

@@ -8,15 +8,11 @@
 //! read it through the pods' logs API (kube-apiserver asks the node for it).
 #![allow(dead_code)]
 
-use super::support::kubernetes::{
-    client_for, create_namespace, eventually, install_lockedjob_crd, local_cluster, restricted,
-};
-use super::support::{self, FaultProxy, Persistence, RedisNodes};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::api::{Api, DeleteParams, ListParams, LogParams, Patch, PatchParams};
 use kube::ResourceExt;
-use localcluster::LocalCluster;
+use localcluster::{LocalCluster, Shared};
 use lockedjob::api::LockedJob;
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
@@ -26,6 +22,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
 use std::time::Duration;
+use testsupport::kubernetes::{
+    client_for, create_namespace, eventually, install_lockedjob_crd, local_cluster, restricted,
+};
+use testsupport::{self as support, FaultProxy, Persistence, RedisNodes};
 
 /// Names an external cluster to run the scenarios against too (opt-in).
 pub const KUBECONFIG_ENV: &str = "LOCKEDJOB_E2E_KUBECONFIG";
@@ -51,7 +51,7 @@ pub struct Cluster {
     pub namespace: String,
     /// The local control plane, for the replicas' fault proxies and stopping the API server;
     /// `None` on the external cluster.
-    pub local: Option<&'static LocalCluster>,
+    pub local: Option<Shared>,
     /// The admin kubeconfig.
     kubeconfig: PathBuf,
     pace: u32,
@@ -63,7 +63,12 @@ impl Cluster {
     /// on its real node (sandbox, network, container, the Job controller's count), which a
     /// 2-second schedule does not leave room for.
     pub async fn local(name: &'static str) -> Self {
-        let local = local_cluster(name).await;
+        Self::on(local_cluster(name).await).await
+    }
+
+    /// A fresh namespace on `local`.
+    async fn on(local: Shared) -> Self {
+        let name = local.name().to_string();
         let mut cluster = Self::in_namespace_of(&local.kubeconfig(), LOCAL_PACE).await;
         cluster.name = format!("local cluster {name}");
         cluster.local = Some(local);
@@ -110,14 +115,14 @@ impl Cluster {
     }
 
     /// The local control plane, or a visible skip of a scenario that needs it.
-    pub fn local_or_skip(&self, scenario: &str) -> Option<&'static LocalCluster> {
+    pub fn local_or_skip(&self, scenario: &str) -> Option<&LocalCluster> {
         if self.local.is_none() {
             println!(
                 "skipped on the {}: {scenario} needs the local control plane",
                 self.name
             );
         }
-        self.local
+        self.local.as_deref()
     }
 
     /// Replicas watch only the test's namespace (other tests share the cluster).
@@ -240,8 +245,19 @@ pub async fn clusters() -> Vec<Cluster> {
 /// Two clusters sharing one set of Redis nodes: two local control planes; on the external
 /// cluster, two namespaces of it whose replicas use different cluster ids.
 pub async fn cluster_pairs() -> Vec<(Cluster, Cluster)> {
-    let east = Cluster::local("east").await;
-    let mut list = vec![(east, Cluster::local("west").await)];
+    // Both at once: a test holding one while waiting for the other's slot could wait forever.
+    let mut both = tokio::task::spawn_blocking(|| {
+        let named = |name: &'static str| -> localcluster::LazyOptions<'static> {
+            Box::new(move || localcluster::Options::named(name))
+        };
+        localcluster::shared_many(vec![("east", named("east")), ("west", named("west"))])
+    })
+    .await
+    .expect("join the clusters' start")
+    .unwrap_or_else(|e| panic!("start the local clusters east and west: {e}"));
+    let west = Cluster::on(both.pop().expect("west")).await;
+    let east = Cluster::on(both.pop().expect("east")).await;
+    let mut list = vec![(east, west)];
     if let Some(path) = external_kubeconfig() {
         list.push((
             Cluster::external(&path).await,
@@ -281,7 +297,7 @@ impl Replica {
         env: &[(&str, std::ffi::OsString)],
     ) -> Self {
         let log = dir.join(format!("{cluster_id}-{name}.log"));
-        let (api_proxy, kubeconfig) = match cluster.local {
+        let (api_proxy, kubeconfig) = match &cluster.local {
             Some(local) => {
                 let proxy = FaultProxy::start(&local.apiserver_addr()).expect("API proxy");
                 let kubeconfig = local

@@ -4,8 +4,7 @@
 //! the local control plane with a real node (every run's Job a pod under the kubelet, at pace 2),
 //! and on the external cluster of `LOCKEDJOB_E2E_KUBECONFIG` too, at that cluster's pace.
 
-mod e2e;
-mod support;
+use crate::e2e;
 
 use e2e::{check, clusters, logs_of, Lab};
 use kube::api::{Api, PostParams};
@@ -15,7 +14,9 @@ use nix::sys::signal::Signal;
 /// Scenario 8: 200 LockedJobs over 3 replicas, each on a one-minute schedule: every LockedJob
 /// runs every due time inside the observed window, exactly once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "kubernetes tier: root and a local cluster; run with scripts/test.sh kubernetes"]
 async fn two_hundred_lockedjobs_over_three_replicas_each_run_once_per_due_time() {
+    let _turn = crate::alone();
     for cluster in clusters().await {
         two_hundred(Lab::start(cluster, 5, 3)).await;
     }

@@ -13,7 +13,7 @@
 //! over. The README's "`lockedjob exec` in a plain CronJob" container runs as written, in a
 //! Job beside the release (so a wrong Service name, user or Secret fails here). Needs root.
 
-mod support;
+use testsupport as support;
 
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::batch::v1::Job;
@@ -21,7 +21,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Namespace, Pod, Secret, Service};
 use kube::api::{Api, DeleteParams, ListParams, LogParams, PostParams};
 use kube::ResourceExt;
-use localcluster::{LocalCluster, Options};
+use localcluster::{LocalCluster, Options, Shared};
 use lockedjob::api::LockedJob;
 use lockedjob::cli::elect::{lease_name, DEFAULT_RECORD_VALIDITY};
 use serde_json::json;
@@ -92,7 +92,7 @@ fn repo(path: &str) -> std::path::PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(path)
 }
 
-async fn cluster() -> &'static LocalCluster {
+async fn cluster() -> Shared {
     tokio::task::spawn_blocking(|| {
         localcluster::shared_with("chart-real", || Options {
             nodes: REDIS_NODES as u8,
@@ -267,7 +267,7 @@ async fn all_ready(client: &kube::Client, ns: &str) -> bool {
 /// `nodes_ns`: the namespace the Redis Services' names are completed with.
 fn readme_exec_job(name: &str, ns: &str, nodes_ns: &str, image: &str) -> String {
     let readme = std::fs::read_to_string(repo("README.md")).expect("README");
-    let marker = "<!-- tests/real_node_chart.rs runs the next block -->";
+    let marker = "<!-- tests/kubernetes/real_node_chart.rs runs the next block -->";
     let after = &readme[readme.find(marker).expect("the README's marker") + marker.len()..];
     let block = after
         .split("```yaml\n")
@@ -349,8 +349,10 @@ async fn job_succeeded(client: &kube::Client, ns: &str, name: &str) -> Option<bo
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "kubernetes tier: root and a local cluster; run with scripts/test.sh kubernetes"]
 async fn the_charts_defaults_run_on_a_real_node_in_a_restricted_namespace() {
-    let cluster = cluster().await;
+    let _turn = crate::beside();
+    let cluster = &cluster().await;
     let client = cluster.client().await.expect("client");
     let ns = restricted_namespace(&client, "locks").await;
     let jobs_ns = restricted_namespace(&client, "demo").await;
@@ -810,8 +812,10 @@ async fn governing_services(client: &kube::Client, ns: &str) -> BTreeMap<String,
 /// upgraded again, each node restarted in turn; after it, every Redis pod answers at its own
 /// DNS name. The release shares its name with the other test's, in another namespace.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "kubernetes tier: root and a local cluster; run with scripts/test.sh kubernetes"]
 async fn an_install_of_the_previous_chart_upgrades_and_migrates_to_headless_services() {
-    let cluster = cluster().await;
+    let _turn = crate::beside();
+    let cluster = &cluster().await;
     let client = cluster.client().await.expect("client");
     let ns = restricted_namespace(&client, "upgrade").await;
     let old = tempfile::tempdir().expect("dir");

@@ -6,7 +6,7 @@
 //! rules, selectors, finalizers, garbage collection, and Jobs run by the real Job controller
 //! on a real node (kubelet, containerd, runc: needs root).
 
-mod support;
+use testsupport as support;
 
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::batch::v1::Job;
@@ -46,7 +46,7 @@ impl Backend {
 }
 
 async fn backends() -> Vec<Backend> {
-    let local = local_cluster("contract").await;
+    let local = &local_cluster("east").await;
     let client = client_for(&local.kubeconfig()).await;
     let mut list = vec![Backend {
         name: "local cluster",
@@ -120,7 +120,9 @@ async fn ensure_crd(b: &Backend) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "kubernetes tier: root and a local cluster; run with scripts/test.sh kubernetes"]
 async fn resource_versions_increase_and_lists_report_them() {
+    let _turn = crate::beside();
     let all = backends().await;
     for b in &all {
         let leases: Api<Lease> = b.api();
@@ -160,7 +162,9 @@ async fn resource_versions_increase_and_lists_report_them() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "kubernetes tier: root and a local cluster; run with scripts/test.sh kubernetes"]
 async fn watch_from_a_resource_version_streams_what_came_after() {
+    let _turn = crate::beside();
     let all = backends().await;
     for b in &all {
         let leases: Api<Lease> = b.api();
@@ -212,7 +216,9 @@ async fn watch_from_a_resource_version_streams_what_came_after() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "kubernetes tier: root and a local cluster; run with scripts/test.sh kubernetes"]
 async fn streaming_list_watch_ends_its_initial_events_with_a_bookmark() {
+    let _turn = crate::beside();
     let all = backends().await;
     for b in &all {
         // kube's watcher may list through a watch (sendInitialEvents): the server sends the
@@ -246,7 +252,9 @@ async fn streaming_list_watch_ends_its_initial_events_with_a_bookmark() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "kubernetes tier: root and a local cluster; run with scripts/test.sh kubernetes"]
 async fn a_watcher_survives_an_api_server_restart() {
+    let _turn = crate::beside();
     // A control plane of its own: this test stops its API server.
     let cluster = tokio::task::spawn_blocking(|| {
         localcluster::LocalCluster::start(localcluster::Options::named("restart"))
@@ -313,7 +321,9 @@ async fn a_watcher_survives_an_api_server_restart() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "kubernetes tier: root and a local cluster; run with scripts/test.sh kubernetes"]
 async fn conflicts_preconditions_and_generate_name() {
+    let _turn = crate::beside();
     let all = backends().await;
     for b in &all {
         let leases: Api<Lease> = b.api();
@@ -381,7 +391,9 @@ async fn conflicts_preconditions_and_generate_name() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "kubernetes tier: root and a local cluster; run with scripts/test.sh kubernetes"]
 async fn merge_json_and_apply_patches() {
+    let _turn = crate::beside();
     let all = backends().await;
     for b in &all {
         let leases: Api<Lease> = b.api();
@@ -459,7 +471,9 @@ async fn merge_json_and_apply_patches() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "kubernetes tier: root and a local cluster; run with scripts/test.sh kubernetes"]
 async fn status_subresource_and_generation() {
+    let _turn = crate::beside();
     let all = backends().await;
     for b in &all {
         ensure_crd(b).await;
@@ -542,7 +556,9 @@ async fn status_subresource_and_generation() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "kubernetes tier: root and a local cluster; run with scripts/test.sh kubernetes"]
 async fn schema_is_enforced_with_defaults_and_422s() {
+    let _turn = crate::beside();
     let all = backends().await;
     for b in &all {
         ensure_crd(b).await;
@@ -605,7 +621,9 @@ async fn schema_is_enforced_with_defaults_and_422s() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "kubernetes tier: root and a local cluster; run with scripts/test.sh kubernetes"]
 async fn label_and_field_selectors_on_list_and_watch() {
+    let _turn = crate::beside();
     let all = backends().await;
     for b in &all {
         let leases: Api<Lease> = b.api();
@@ -660,7 +678,9 @@ async fn label_and_field_selectors_on_list_and_watch() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "kubernetes tier: root and a local cluster; run with scripts/test.sh kubernetes"]
 async fn finalizers_hold_deletion_until_removed() {
+    let _turn = crate::beside();
     let all = backends().await;
     for b in &all {
         ensure_crd(b).await;
@@ -713,7 +733,9 @@ async fn running_pod(pods: &Api<Pod>, job: &str) -> String {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "kubernetes tier: root and a local cluster; run with scripts/test.sh kubernetes"]
 async fn owner_references_garbage_collection() {
+    let _turn = crate::beside();
     let all = backends().await;
     for b in &all {
         ensure_crd(b).await;
@@ -835,7 +857,9 @@ async fn owner_references_garbage_collection() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "kubernetes tier: root and a local cluster; run with scripts/test.sh kubernetes"]
 async fn the_job_controller_counts_what_the_node_runs() {
+    let _turn = crate::beside();
     let all = backends().await;
     let b = &all[0];
     let jobs: Api<Job> = b.api();

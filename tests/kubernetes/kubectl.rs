@@ -2,7 +2,7 @@
 //! plane's real kube-apiserver: apply the CRD and the examples with client-side validation
 //! against the server's OpenAPI documents, get them back through the CRD's printer columns.
 
-mod support;
+use testsupport as support;
 
 use localcluster::LocalCluster;
 use std::path::Path;
@@ -25,8 +25,10 @@ fn kubectl(cluster: &LocalCluster, namespace: &str, args: &[&str]) -> (bool, Str
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "kubernetes tier: root and a local cluster; run with scripts/test.sh kubernetes"]
 async fn kubectl_applies_the_crd_and_examples_and_gets_them() {
-    let cluster = local_cluster("kubectl").await;
+    let _turn = crate::beside();
+    let cluster = &local_cluster("east").await;
     let kubeconfig = cluster.kubeconfig();
     let client = client_for(&kubeconfig).await;
     let ns = create_namespace(&client, "kubectl").await;

@@ -1,6 +1,6 @@
 //! The lock engine against real `redis-server` nodes with real faults.
 
-mod support;
+use testsupport as support;
 
 use lockedjob::redlock::{
     Lease, LeaseTiming, LockError, NodeErrorKind, Redlock, RedlockConfig, StepHint, Watchdog,
@@ -47,6 +47,7 @@ fn blocking<T>(f: impl FnOnce() -> T) -> T {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "redis tier: real redis-server; run with scripts/test.sh redis"]
 async fn second_client_is_refused_while_first_holds_and_succeeds_after_release() {
     let nodes = RedisNodes::start(3, Persistence::None).expect("start redis-server");
     let a = engine(nodes.urls(), "test/a");
@@ -103,6 +104,7 @@ async fn acquire_with_killed(total: usize, kill: usize) -> (Result<u64, LockErro
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "redis tier: real redis-server; run with scripts/test.sh redis"]
 async fn acquire_survives_a_minority_of_dead_nodes() {
     for (total, kill) in [(3, 1), (5, 2)] {
         let (result, nodes) = acquire_with_killed(total, kill).await;
@@ -112,6 +114,7 @@ async fn acquire_survives_a_minority_of_dead_nodes() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "redis tier: real redis-server; run with scripts/test.sh redis"]
 async fn acquire_fails_without_quorum_and_leaves_no_key_behind() {
     for (total, kill) in [(3, 2), (5, 3)] {
         let (result, nodes) = acquire_with_killed(total, kill).await;
@@ -132,6 +135,7 @@ async fn acquire_fails_without_quorum_and_leaves_no_key_behind() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "redis tier: real redis-server; run with scripts/test.sh redis"]
 async fn hung_node_costs_about_one_timeout_not_seconds() {
     let mut nodes = RedisNodes::start(3, Persistence::None).expect("start redis-server");
     let proxy = FaultProxy::start(&nodes[2].addr()).expect("start proxy");
@@ -188,6 +192,7 @@ async fn hung_node_costs_about_one_timeout_not_seconds() {
 /// An orphan check's reads share rounds too: ten hints are one request to one node, ten
 /// holder reads one request a node, and each read answers for its own lock.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "redis tier: real redis-server; run with scripts/test.sh redis"]
 async fn orphan_check_reads_share_a_round_and_answer_for_their_own_lock() {
     let nodes = RedisNodes::start(3, Persistence::None).expect("start redis-server");
     let mut config = RedlockConfig::new(nodes.urls());
@@ -224,6 +229,7 @@ async fn orphan_check_reads_share_a_round_and_answer_for_their_own_lock() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "redis tier: real redis-server; run with scripts/test.sh redis"]
 async fn non_holder_release_deletes_nothing_and_extend_never_recreates() {
     let nodes = RedisNodes::start(3, Persistence::None).expect("start redis-server");
     let a = engine(nodes.urls(), "test/a");
@@ -276,6 +282,7 @@ async fn non_holder_release_deletes_nothing_and_extend_never_recreates() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "redis tier: real redis-server; run with scripts/test.sh redis"]
 async fn fencing_tokens_strictly_increase_across_node_crashes_and_restarts() {
     let mut nodes =
         RedisNodes::start(5, Persistence::AppendFsyncAlways).expect("start redis-server");
@@ -318,6 +325,7 @@ async fn fencing_tokens_strictly_increase_across_node_crashes_and_restarts() {
 /// on a quorum is a `SplitVote` (nobody holds the lock, so retrying soon is right), and the
 /// attempt gives its own part back either way.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "redis tier: real redis-server; run with scripts/test.sh redis"]
 async fn a_split_vote_is_told_from_a_held_lock() {
     let nodes = RedisNodes::start(5, Persistence::None).expect("start redis-server");
     let client = engine(nodes.urls(), "test/split");
@@ -369,6 +377,7 @@ async fn a_split_vote_is_told_from_a_held_lock() {
 /// Work between acquiring and starting the watchdog (the operator creates the Job first) must
 /// not cost the lease: the first renewal is due a renew interval into the lease's life.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "redis tier: real redis-server; run with scripts/test.sh redis"]
 async fn watchdog_started_late_renews_at_once_instead_of_giving_up() {
     let nodes = RedisNodes::start(3, Persistence::None).expect("start redis-server");
     let client = engine(nodes.urls(), "test/late-watchdog");
@@ -389,6 +398,7 @@ async fn watchdog_started_late_renews_at_once_instead_of_giving_up() {
 /// leave a task renewing the lease forever: the renewals end with the handle and the lock
 /// expires by itself, so another runner can take it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "redis tier: real redis-server; run with scripts/test.sh redis"]
 async fn a_dropped_watchdog_stops_renewing_and_the_lease_expires() {
     let nodes = RedisNodes::start(3, Persistence::None).expect("start redis-server");
     let client = engine(nodes.urls(), "test/dropped-watchdog");
@@ -419,6 +429,7 @@ async fn a_dropped_watchdog_stops_renewing_and_the_lease_expires() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "redis tier: real redis-server; run with scripts/test.sh redis"]
 async fn watchdog_keeps_the_lease_alive_then_fires_before_the_deadline_on_quorum_loss() {
     let mut nodes = RedisNodes::start(3, Persistence::None).expect("start redis-server");
     let client = engine(nodes.urls(), "test/watchdog");
@@ -473,6 +484,7 @@ async fn watchdog_keeps_the_lease_alive_then_fires_before_the_deadline_on_quorum
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "redis tier: real redis-server; run with scripts/test.sh redis"]
 async fn contention_never_lets_two_holders_into_the_critical_section() {
     let nodes = RedisNodes::start(3, Persistence::None).expect("start redis-server");
     let counter_node = RedisNode::start(Persistence::None).expect("start redis-server");
@@ -530,6 +542,7 @@ async fn contention_never_lets_two_holders_into_the_critical_section() {
 }
 
 #[test]
+#[ignore = "redis tier: real redis-server; run with scripts/test.sh redis"]
 fn unreachable_nodes_are_an_error_not_a_hang_or_panic() {
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
     runtime.block_on(async {
@@ -556,6 +569,7 @@ fn unreachable_nodes_are_an_error_not_a_hang_or_panic() {
 /// read in phase 1 and raised in phase 2, on a quorum, so a later holder sees it even with a
 /// node down, and a loser's refused nodes keep no value of its attempt.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "redis tier: real redis-server; run with scripts/test.sh redis"]
 async fn a_step_is_started_once_across_holders_even_with_a_node_down() {
     let mut nodes = RedisNodes::start(5, Persistence::None).expect("start redis-server");
     let a = engine(nodes.urls(), "test/a");
@@ -625,6 +639,7 @@ async fn a_step_is_started_once_across_holders_even_with_a_node_down() {
 /// the lock and its fence stay shared with the lock's own steps, which it neither reads nor moves.
 /// One node's value is the adoption hint: it names the holder while held, nothing after.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "redis tier: real redis-server; run with scripts/test.sh redis"]
 async fn a_step_in_another_register_shares_the_lock_but_not_the_progress() {
     let nodes = RedisNodes::start(3, Persistence::None).expect("start redis-server");
     let a = engine(nodes.urls(), "test/a");
@@ -682,6 +697,7 @@ async fn a_step_in_another_register_shares_the_lock_but_not_the_progress() {
 /// one) is there on every node of its quorum; a held lock shows as held; a free lock with a
 /// later time, or a node that does not answer, says nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "redis tier: real redis-server; run with scripts/test.sh redis"]
 async fn one_node_tells_a_started_step_or_a_held_lock() {
     let mut nodes = RedisNodes::start(3, Persistence::None).expect("start redis-server");
     let a = engine(nodes.urls(), "test/a");
@@ -771,6 +787,7 @@ async fn garbage_node() -> (String, tokio::task::JoinHandle<()>) {
 }
 
 #[tokio::test]
+#[ignore = "redis tier: real redis-server; run with scripts/test.sh redis"]
 async fn nodes_that_answer_garbage_fail_the_attempt_with_a_message_never_a_wrong_token() {
     let nodes = RedisNodes::start(3, Persistence::None).expect("start redis-server");
     let (garbage_a, task_a) = garbage_node().await;
@@ -806,6 +823,7 @@ async fn nodes_that_answer_garbage_fail_the_attempt_with_a_message_never_a_wrong
 }
 
 #[tokio::test]
+#[ignore = "redis tier: real redis-server; run with scripts/test.sh redis"]
 async fn keys_of_the_wrong_type_or_value_fail_the_attempt_instead_of_issuing_a_token() {
     let nodes = RedisNodes::start(3, Persistence::None).expect("start redis-server");
     let engine = engine(nodes.urls(), "wrong-type-test");
@@ -899,6 +917,7 @@ fn fence_requests(engine: &Redlock) -> u64 {
 /// Renewals waiting at the same time go to each node as one script call, and each lease still
 /// gets its own answer: a lease whose keys are gone fails alone, and nothing re-creates them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "redis tier: real redis-server; run with scripts/test.sh redis"]
 async fn renewals_share_a_round_and_each_lease_keeps_its_own_answer() {
     let nodes = RedisNodes::start(3, Persistence::None).expect("start redis-server");
     let engine = engine(nodes.urls(), "a");
@@ -938,6 +957,7 @@ async fn renewals_share_a_round_and_each_lease_keeps_its_own_answer() {
 /// saw) is still above the fence on a quorum; when another client went higher meanwhile, the
 /// proposal falls short and phase 2 issues a token above everything seen. Tokens grow either way.
 #[tokio::test]
+#[ignore = "redis tier: real redis-server; run with scripts/test.sh redis"]
 async fn phase_one_settles_the_token_unless_another_client_went_higher() {
     let nodes = RedisNodes::start(3, Persistence::None).expect("start redis-server");
     let a = engine(nodes.urls(), "test/a");
@@ -990,6 +1010,7 @@ async fn phase_one_settles_the_token_unless_another_client_went_higher() {
 /// falls short on the node the first holder fenced, and phase 2 gives it a token above the
 /// first holder's, so fenced storage refuses the first.
 #[tokio::test]
+#[ignore = "redis tier: real redis-server; run with scripts/test.sh redis"]
 async fn after_a_clock_jump_the_second_holder_still_gets_the_larger_token() {
     let mut nodes =
         RedisNodes::start_where(5, Persistence::None, |i| i == 2).expect("start redis-server");

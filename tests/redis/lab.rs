@@ -4,7 +4,7 @@
 //! `tools/porcupine-check`), and leave a report and a timeline. The full runs of all seven
 //! scenarios are one command in the README.
 
-mod support;
+use testsupport as support;
 
 use std::process::Command;
 use std::sync::Mutex;
@@ -110,6 +110,7 @@ fn assert_safe_and_busy(report: &serde_json::Value) {
 }
 
 #[test]
+#[ignore = "redis tier: real redis-server; run with scripts/test.sh redis"]
 fn baseline_is_safe() {
     let report = lab("baseline", 6);
     assert_safe_and_busy(&report);
@@ -117,6 +118,7 @@ fn baseline_is_safe() {
 }
 
 #[test]
+#[ignore = "redis tier: real redis-server; run with scripts/test.sh redis"]
 fn node_crash_with_fsync_and_restart_delay_is_safe() {
     let report = lab("node-crash", 12);
     assert_safe_and_busy(&report);
@@ -130,6 +132,7 @@ fn node_crash_with_fsync_and_restart_delay_is_safe() {
 }
 
 #[test]
+#[ignore = "redis tier: real redis-server; run with scripts/test.sh redis"]
 fn partitioned_holder_gives_up_before_its_deadline() {
     let report = lab("partition", 12);
     assert_safe_and_busy(&report);
@@ -142,6 +145,7 @@ fn partitioned_holder_gives_up_before_its_deadline() {
 }
 
 #[test]
+#[ignore = "redis tier: real redis-server; run with scripts/test.sh redis"]
 fn slow_network_fails_acquisitions_instead_of_granting_expired_leases() {
     let report = lab("slow-network", 10);
     assert_safe_and_busy(&report);
@@ -152,6 +156,7 @@ fn slow_network_fails_acquisitions_instead_of_granting_expired_leases() {
 /// The partition scenario with the lock nodes serving TLS only: the fault proxies pass TLS
 /// through, the clients verify the nodes with the CA, and the verdict is the same.
 #[test]
+#[ignore = "redis tier: real redis-server; run with scripts/test.sh redis"]
 fn partition_over_tls_is_safe_too() {
     use support::pki::{TestCa, Validity};
     let ca = TestCa::new("lab");
@@ -178,6 +183,7 @@ fn partition_over_tls_is_safe_too() {
 /// (porcupine: the store's answers fit the model). Then the same with a store that takes every
 /// write, a broken build on purpose: both checkers object.
 #[test]
+#[ignore = "redis tier: real redis-server; run with scripts/test.sh redis"]
 fn a_paused_holder_is_fenced_and_an_unfenced_store_makes_both_checkers_object() {
     let report = lab("client-pause", 12);
     assert_eq!(report["verdict"], "fenced", "{report:#}");
@@ -206,6 +212,7 @@ fn a_paused_holder_is_fenced_and_an_unfenced_store_makes_both_checkers_object() 
 /// holders paused and cut off, slow nodes, clock jumps). Safe or fenced by both checkers, never
 /// unsafe; the schedule is in the report and is the seed's.
 #[test]
+#[ignore = "redis tier: real redis-server; run with scripts/test.sh redis"]
 fn a_seeded_soak_of_overlapping_faults_is_never_unsafe_by_either_checker() {
     let report = lab_with("soak", 40, &["--seed".as_ref(), "7".as_ref()]);
     for verdict in [

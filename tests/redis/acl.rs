@@ -2,7 +2,7 @@
 //! the operator's calls work with exactly those rights, and each right taken away fails the
 //! attempt with a message naming it, never a hang and never a lock counted as held.
 
-mod support;
+use testsupport as support;
 
 use lockedjob::redlock::{Credentials, LockError, Redlock, RedlockConfig};
 use std::process::Command;
@@ -35,6 +35,7 @@ async fn bounded<T>(what: &str, call: impl std::future::Future<Output = T>) -> T
 }
 
 #[tokio::test]
+#[ignore = "redis tier: real redis-server; run with scripts/test.sh redis"]
 async fn the_documented_user_is_enough_for_every_call_of_the_engine() {
     let nodes = RedisNodes::start(3, Persistence::None).expect("redis nodes");
     support::create_acl_user(&nodes, &support::readme_acl_setuser(PASSWORD));
@@ -118,6 +119,7 @@ fn text(bytes: &[u8]) -> String {
 /// Without `del` the lock cannot be given back: the command still ran once, and the release
 /// failure is reported with Redis's reason instead of passing in silence.
 #[test]
+#[ignore = "redis tier: real redis-server; run with scripts/test.sh redis"]
 fn a_release_the_user_may_not_do_is_reported() {
     let nodes = RedisNodes::start(3, Persistence::None).expect("redis nodes");
     let mut acl = support::readme_acl_setuser(PASSWORD);
@@ -140,6 +142,7 @@ fn a_release_the_user_may_not_do_is_reported() {
 
 /// The documented user with one right taken away, and what the engine does about it.
 #[tokio::test]
+#[ignore = "redis tier: real redis-server; run with scripts/test.sh redis"]
 async fn each_missing_right_fails_the_call_with_a_message_naming_it() {
     let nodes = RedisNodes::start(3, Persistence::None).expect("redis nodes");
     let documented = support::readme_acl_setuser(PASSWORD);
@@ -192,6 +195,7 @@ async fn each_missing_right_fails_the_call_with_a_message_naming_it() {
 }
 
 #[tokio::test]
+#[ignore = "redis tier: real redis-server; run with scripts/test.sh redis"]
 async fn a_wrong_password_or_unknown_user_is_reported_as_authentication() {
     let nodes = RedisNodes::start(3, Persistence::None).expect("redis nodes");
     support::create_acl_user(&nodes, &support::readme_acl_setuser(PASSWORD));
@@ -223,6 +227,7 @@ async fn a_wrong_password_or_unknown_user_is_reported_as_authentication() {
 /// refused `EVAL` (redsync's fallback when a node's script cache is empty), and the user the
 /// README gives such a client runs `EVAL` on its own keys but cannot touch the operator's.
 #[test]
+#[ignore = "redis tier: real redis-server; run with scripts/test.sh redis"]
 fn another_lock_client_needs_a_user_of_its_own_and_cannot_reach_the_operators_keys() {
     let nodes = RedisNodes::start(1, Persistence::None).expect("redis node");
     support::create_acl_user(&nodes, &support::readme_acl_setuser(PASSWORD));

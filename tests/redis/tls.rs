@@ -2,7 +2,7 @@
 //! engine over `rediss://`, each way verification can fail (named node, stated reason), mutual
 //! TLS, the configuration mistakes caught before any node is contacted, and `exec` over TLS.
 
-mod support;
+use testsupport as support;
 
 use lockedjob::redlock::{ConfigError, LockError, NodeErrorKind, Redlock, RedlockConfig, TlsFiles};
 use std::path::PathBuf;
@@ -54,6 +54,7 @@ async fn single_node_failure(url: String, tls: TlsFiles) -> (String, NodeErrorKi
 }
 
 #[tokio::test]
+#[ignore = "redis tier: real redis-server; run with scripts/test.sh redis"]
 async fn a_lock_over_rediss_on_five_tls_nodes() {
     let ca = TestCa::new("nodes");
     let server = ca.server("redis", &["127.0.0.1"], Validity::Current);
@@ -82,6 +83,7 @@ async fn a_lock_over_rediss_on_five_tls_nodes() {
 }
 
 #[tokio::test]
+#[ignore = "redis tier: real redis-server; run with scripts/test.sh redis"]
 async fn each_verification_failure_names_the_node_and_the_reason() {
     let ca = TestCa::new("nodes");
     let other_ca = TestCa::new("other");
@@ -148,6 +150,7 @@ fn url_port(url: &str) -> &str {
 }
 
 #[tokio::test]
+#[ignore = "redis tier: real redis-server; run with scripts/test.sh redis"]
 async fn mutual_tls_needs_a_client_certificate_the_nodes_ca_signed() {
     let ca = TestCa::new("nodes");
     let stranger_ca = TestCa::new("stranger");
@@ -200,6 +203,7 @@ async fn mutual_tls_needs_a_client_certificate_the_nodes_ca_signed() {
 }
 
 #[test]
+#[ignore = "redis tier: real redis-server; run with scripts/test.sh redis"]
 fn tls_mistakes_are_caught_before_any_node_is_contacted() {
     let ca = TestCa::new("nodes");
     let client = ca.client("operator");
@@ -279,6 +283,7 @@ fn tls_mistakes_are_caught_before_any_node_is_contacted() {
 }
 
 #[test]
+#[ignore = "redis tier: real redis-server; run with scripts/test.sh redis"]
 fn exec_runs_a_command_under_a_lock_over_mutual_tls_from_the_environment() {
     let ca = TestCa::new("nodes");
     let server = ca.server("redis", &["127.0.0.1"], Validity::Current);

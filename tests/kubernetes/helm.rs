@@ -8,15 +8,15 @@
 //! The tests run one at a time: a release that watches every namespace would otherwise also
 //! run the LockedJobs of the test beside it.
 
-mod e2e;
-mod support;
+use crate::e2e;
+use testsupport as support;
 
 use e2e::{check, wait_for_holder, Cluster, Journal};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
-use localcluster::{LocalCluster, Options};
+use localcluster::{LocalCluster, Options, Shared};
 use lockedjob::api::LockedJob;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -27,7 +27,7 @@ use support::{FaultProxy, Persistence, RedisNodes};
 
 const CHART: &str = "charts/lockedjob-operator";
 const LOCAL_VALUES: &str = "charts/lockedjob-operator/ci/local-values.yaml";
-const README_MARKER: &str = "<!-- tests/helm.rs runs the next block -->";
+const README_MARKER: &str = "<!-- tests/kubernetes/helm.rs runs the next block -->";
 
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
@@ -37,7 +37,7 @@ fn repo(path: &str) -> PathBuf {
 
 /// The local cluster of this test process, with a real node; the chart's image is the
 /// `lockedjob` binary cargo built for the tests.
-async fn helm_cluster() -> &'static LocalCluster {
+async fn helm_cluster() -> Shared {
     tokio::task::spawn_blocking(|| {
         localcluster::shared_with("helm", || Options {
             images: BTreeMap::from([(support::chart_image(), support::lockedjob_image())]),
@@ -52,11 +52,11 @@ async fn helm_cluster() -> &'static LocalCluster {
 /// helm and kubectl (built with the control plane), on one cluster, from the repository root,
 /// with helm's own state in a directory of the test's.
 struct Tools {
-    cluster: &'static LocalCluster,
+    cluster: Shared,
 }
 
 impl Tools {
-    fn new(cluster: &'static LocalCluster) -> Self {
+    fn new(cluster: Shared) -> Self {
         Self { cluster }
     }
 
@@ -276,10 +276,12 @@ async fn holder_pods(pods: &Api<Pod>, release: &str) -> Vec<Pod> {
 /// each due time and never two, and the holder's pod deleted mid-run hands the run over
 /// without a second Job for that time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "kubernetes tier: root and a local cluster; run with scripts/test.sh kubernetes"]
 async fn readme_install_runs_each_due_time_once_across_the_chart_replicas() {
+    let _turn = crate::beside();
     let _serial = ONE_AT_A_TIME.lock().await;
-    let local = helm_cluster().await;
-    let tools = Tools::new(local);
+    let local = &helm_cluster().await;
+    let tools = Tools::new(local.clone());
     let nodes = RedisNodes::start(3, Persistence::AppendFsyncAlways).expect("redis nodes");
     let nodes = LockNodes::start(local, nodes);
     let password = format!("pw-{:016x}", rand::random::<u64>());
@@ -440,10 +442,12 @@ async fn readme_install_runs_each_due_time_once_across_the_chart_replicas() {
 /// the ServiceAccount may do, asked of the real authorizer. The monitoring objects (behind their
 /// CRDs from prometheus-operator's module) are accepted by the API server.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "kubernetes tier: root and a local cluster; run with scripts/test.sh kubernetes"]
 async fn watch_namespaces_confine_the_operator_to_least_privilege() {
+    let _turn = crate::beside();
     let _serial = ONE_AT_A_TIME.lock().await;
-    let local = helm_cluster().await;
-    let tools = Tools::new(local);
+    let local = &helm_cluster().await;
+    let tools = Tools::new(local.clone());
     let watched = Cluster::local("helm").await;
     let unwatched = Cluster::local("helm").await;
     let home = create_namespace(&watched.client, "locks").await;
@@ -591,10 +595,12 @@ async fn watch_namespaces_confine_the_operator_to_least_privilege() {
 /// The chart's own password Secret survives `helm upgrade` (the operator keeps reaching its
 /// nodes) and `helm uninstall` (kept by its resource policy, as values.yaml says).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "kubernetes tier: root and a local cluster; run with scripts/test.sh kubernetes"]
 async fn upgrade_keeps_the_chart_made_password_and_uninstall_keeps_the_secret() {
+    let _turn = crate::beside();
     let _serial = ONE_AT_A_TIME.lock().await;
-    let local = helm_cluster().await;
-    let tools = Tools::new(local);
+    let local = &helm_cluster().await;
+    let tools = Tools::new(local.clone());
     let cluster = Cluster::local("helm").await;
     let home = cluster.namespace.clone();
     let nodes = RedisNodes::start(3, Persistence::AppendFsyncAlways).expect("redis nodes");
@@ -684,11 +690,13 @@ async fn upgrade_keeps_the_chart_made_password_and_uninstall_keeps_the_secret() 
 /// ACL user, become Ready (a quorum answers them) and run each due time once; no node denied
 /// anything.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "kubernetes tier: root and a local cluster; run with scripts/test.sh kubernetes"]
 async fn mutual_tls_and_the_acl_user_from_secrets() {
+    let _turn = crate::beside();
     use support::pki::{TestCa, Validity};
     let _serial = ONE_AT_A_TIME.lock().await;
-    let local = helm_cluster().await;
-    let tools = Tools::new(local);
+    let local = &helm_cluster().await;
+    let tools = Tools::new(local.clone());
     let cluster = Cluster::local("helm").await;
     let home = cluster.namespace.clone();
 

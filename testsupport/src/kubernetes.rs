@@ -4,7 +4,7 @@
 
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, DeleteParams, PostParams};
-use localcluster::LocalCluster;
+use localcluster::{LocalCluster, Shared};
 use serde_json::json;
 use std::path::Path;
 use std::time::Duration;
@@ -12,7 +12,7 @@ use std::time::Duration;
 /// The local cluster this test process shares under `name` (started on first use, stopped at
 /// exit), with a real node (kubelet, containerd, runc, kube-proxy, CoreDNS). Two names are two
 /// independent clusters. Needs root.
-pub async fn local_cluster(name: &'static str) -> &'static LocalCluster {
+pub async fn local_cluster(name: &'static str) -> Shared {
     tokio::task::spawn_blocking(move || localcluster::shared(name))
         .await
         .expect("join the cluster start")
@@ -87,8 +87,6 @@ pub async fn delete_namespace(client: &kube::Client, namespace: &str) {
 pub async fn install_lockedjob_crd(client: &kube::Client, manager: &str) -> Result<(), String> {
     use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
     use kube::api::{Patch, PatchParams};
-    use kube::CustomResourceExt;
-    use lockedjob::api::LockedJob;
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
     let name = "lockedjobs.lockedjob.dev";
     crds.patch(
@@ -130,7 +128,8 @@ where
 
 /// The chart's leader-election RBAC for `namespace`, rendered by helm and applied.
 pub fn apply_chart_rbac(local: &LocalCluster, namespace: &str, dir: &Path) {
-    let chart = concat!(env!("CARGO_MANIFEST_DIR"), "/charts/lockedjob-operator");
+    let chart = crate::repo("charts/lockedjob-operator");
+    let chart = chart.to_str().expect("a UTF-8 path");
     let rendered = local
         .tool("helm")
         .args(["template", "locks", chart, "--namespace", "lockedjob"])

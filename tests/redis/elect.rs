@@ -1,7 +1,7 @@
 //! `lockedjob elect` as users run it: the real binary, several candidates, real Redis nodes
 //! with real faults (kill -9 of a candidate, SIGSTOP of a Redis majority).
 
-mod support;
+use testsupport as support;
 
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
@@ -104,6 +104,7 @@ fn stderr_of(child: &mut Child) -> String {
 }
 
 #[test]
+#[ignore = "redis tier: real redis-server; run with scripts/test.sh redis"]
 fn one_leader_at_a_time_and_a_killed_leaders_command_dies_with_it() {
     let nodes = RedisNodes::start(3, Persistence::None).expect("start redis-server");
     let dir = tempfile::tempdir().expect("tempdir");
@@ -148,6 +149,7 @@ fn one_leader_at_a_time_and_a_killed_leaders_command_dies_with_it() {
 }
 
 #[test]
+#[ignore = "redis tier: real redis-server; run with scripts/test.sh redis"]
 fn a_leader_cut_off_from_the_quorum_steps_down_before_its_deadline_and_leads_again() {
     let mut nodes = RedisNodes::start(3, Persistence::None).expect("start redis-server");
     let dir = tempfile::tempdir().expect("tempdir");
@@ -258,6 +260,7 @@ fn next_line(seen: &mpsc::Receiver<serde_json::Value>) -> serde_json::Value {
 }
 
 #[test]
+#[ignore = "redis tier: real redis-server; run with scripts/test.sh redis"]
 fn observe_prints_each_change_of_leader() {
     let nodes = RedisNodes::start(3, Persistence::None).expect("start redis-server");
     let dir = tempfile::tempdir().expect("tempdir");
@@ -297,6 +300,7 @@ fn observe_prints_each_change_of_leader() {
 }
 
 #[test]
+#[ignore = "redis tier: real redis-server; run with scripts/test.sh redis"]
 fn bad_input_names_what_to_fix() {
     let nodes = RedisNodes::start(1, Persistence::None).expect("start redis-server");
     let urls = nodes.urls();
@@ -374,6 +378,7 @@ fn bad_input_names_what_to_fix() {
 /// healthy leader; after the leader dies the preferred candidate is the one elected, even
 /// though a lower one may win the free lock first.
 #[test]
+#[ignore = "redis tier: real redis-server; run with scripts/test.sh redis"]
 fn a_preferred_candidate_takes_leadership_back_cleanly_and_an_equal_never_preempts() {
     let nodes = RedisNodes::start(3, Persistence::None).expect("start redis-server");
     let dir = tempfile::tempdir().expect("tempdir");
@@ -441,6 +446,7 @@ fn a_preferred_candidate_takes_leadership_back_cleanly_and_an_equal_never_preemp
 /// The same handover in `--sidecar` mode (no command; the token file shows who leads): the
 /// standby's file goes, the primary's comes, with a larger token.
 #[test]
+#[ignore = "redis tier: real redis-server; run with scripts/test.sh redis"]
 fn a_preferred_sidecar_takes_leadership_back_from_a_standby_sidecar() {
     let nodes = RedisNodes::start(3, Persistence::None).expect("start redis-server");
     let dir = tempfile::tempdir().expect("tempdir");
@@ -480,6 +486,7 @@ fn a_preferred_sidecar_takes_leadership_back_from_a_standby_sidecar() {
 /// `lockedjob_leaderless_seconds_total`: a candidate that campaigns while no Redis quorum
 /// answers counts that time, and stops counting once there is a leader (itself here).
 #[test]
+#[ignore = "redis tier: real redis-server; run with scripts/test.sh redis"]
 fn a_candidate_counts_the_time_it_found_no_leader() {
     let mut nodes = RedisNodes::start(3, Persistence::None).expect("start redis-server");
     for node in &mut nodes.nodes[..2] {

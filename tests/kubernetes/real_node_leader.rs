@@ -18,7 +18,7 @@
 //! and the Services' ready endpoints at most one pod, the leader's while a pod leads. Events of the two clusters are merged by when this test
 //! received them; within a cluster a watch keeps the API server's order. Needs root.
 
-mod support;
+use testsupport as support;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Pod, Secret};
@@ -329,17 +329,21 @@ fn example_image() -> String {
         .expect("the sidecar's image in the example")
 }
 
-async fn start_cluster(name: &'static str) -> LocalCluster {
-    tokio::task::spawn_blocking(move || {
-        LocalCluster::start(Options {
-            nodes: 1,
-            images: BTreeMap::from([(example_image(), support::lockedjob_image())]),
-            ..Options::named(name)
-        })
-    })
-    .await
-    .expect("join")
-    .unwrap_or_else(|e| panic!("start {name} with a real node: {e}"))
+/// The two clusters of the test, started once there is room for both (`localcluster`'s slots).
+async fn start_clusters() -> (LocalCluster, LocalCluster) {
+    let options = |name: &str| Options {
+        nodes: 1,
+        images: BTreeMap::from([(example_image(), support::lockedjob_image())]),
+        ..Options::named(name)
+    };
+    let mut both =
+        tokio::task::spawn_blocking(move || localcluster::start_many(CLUSTERS.map(options).into()))
+            .await
+            .expect("join")
+            .unwrap_or_else(|e| panic!("start {CLUSTERS:?} with a real node each: {e}"));
+    let west = both.pop().expect("two clusters");
+    let east = both.pop().expect("two clusters");
+    (east, west)
 }
 
 /// The workload: while its sidecar says it leads, it sends its token to the store.
@@ -569,7 +573,7 @@ impl Run {
 
 /// Both sites: a cluster each, the example's namespace, proxies to every Redis node.
 async fn sites(redis: &RedisNodes) -> Vec<Site> {
-    let (east, west) = tokio::join!(start_cluster(CLUSTERS[0]), start_cluster(CLUSTERS[1]));
+    let (east, west) = start_clusters().await;
     let mut sites = Vec::new();
     for (name, cluster) in CLUSTERS.into_iter().zip([east, west]) {
         let client = client_for(&cluster.kubeconfig()).await;
@@ -606,7 +610,9 @@ fn watch_sites(sites: &[Site], timeline: &Timeline) -> Vec<AbortOnDropHandle<()>
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "kubernetes tier: root and a local cluster; run with scripts/test.sh kubernetes"]
 async fn one_leader_across_two_clusters_through_crashes_partitions_a_freeze_and_no_quorum() {
+    let _turn = crate::beside();
     let redis = RedisNodes::start(REDIS_NODES, Persistence::None).expect("redis-server");
     let password = format!("{:032x}", rand::random::<u128>());
     support::create_acl_user(&redis, &support::readme_acl_setuser(&password));

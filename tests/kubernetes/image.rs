@@ -7,17 +7,17 @@
 //! Then the image is opened as a runtime would: its configuration (user 65532, entrypoint,
 //! port), its files (no shell, CA certificates, nonroot's passwd entry), and the binary run
 //! from its root file system as user 65532, which fails if a shared library it loads is
-//! missing. The chart's image on the real node is this one (`tests/real_node_chart.rs`).
+//! missing. The chart's image on the real node is this one (`tests/kubernetes/real_node_chart.rs`).
 //! Needs root.
 
-mod support;
+use testsupport as support;
 
 use localcluster::node::ImageSource;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// The chart's image name, as CI's build and `tests/real_node_chart.rs` ask for it: one
+/// The chart's image name, as CI's build and `tests/kubernetes/real_node_chart.rs` ask for it: one
 /// archive serves all three.
 fn build() -> PathBuf {
     match support::dockerfile_image(&support::chart_image()) {
@@ -92,7 +92,9 @@ impl Archive {
 }
 
 #[test]
+#[ignore = "kubernetes tier: root and a local cluster; run with scripts/test.sh kubernetes"]
 fn the_dockerfile_builds_an_image_like_distroless_cc_that_runs_as_nonroot() {
+    let _turn = crate::beside();
     let archive = Archive::read(&build());
     let (config, layers) = archive.manifest();
     let config = &config["config"];

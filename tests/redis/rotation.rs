@@ -7,7 +7,7 @@
 //! refused with a warning naming it, and the material read before keeps working. A request on
 //! a connection the node closed is retried once on a fresh one.
 
-mod support;
+use testsupport as support;
 
 use lockedjob::redlock::{
     Credentials, LeaseTiming, LockError, Redlock, RedlockConfig, TlsFiles, Watchdog,
@@ -242,6 +242,7 @@ fn applied(engines: &[Redlock]) -> Vec<u64> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "redis tier: real redis-server; run with scripts/test.sh redis"]
 async fn the_ca_and_client_certificate_rotate_with_no_run_missed_doubled_or_lease_lost() {
     let old_ca = TestCa::new("old-ca");
     let new_ca = TestCa::new("new-ca");
@@ -308,6 +309,7 @@ async fn the_ca_and_client_certificate_rotate_with_no_run_missed_doubled_or_leas
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "redis tier: real redis-server; run with scripts/test.sh redis"]
 async fn the_password_rotates_with_no_run_missed_doubled_or_lease_lost() {
     const USER: &str = "lockedjob";
     let nodes = RedisNodes::start(3, Persistence::None).expect("start nodes");
@@ -344,6 +346,7 @@ async fn the_password_rotates_with_no_run_missed_doubled_or_lease_lost() {
 }
 
 #[tokio::test]
+#[ignore = "redis tier: real redis-server; run with scripts/test.sh redis"]
 async fn a_renewal_over_connections_the_nodes_closed_goes_through_on_fresh_ones() {
     let nodes = RedisNodes::start(3, Persistence::None).expect("start nodes");
     let engine = engine(
@@ -368,6 +371,7 @@ async fn a_renewal_over_connections_the_nodes_closed_goes_through_on_fresh_ones(
 }
 
 #[test]
+#[ignore = "redis tier: real redis-server; run with scripts/test.sh redis"]
 fn a_bad_certificate_dropped_in_mid_run_is_refused_by_name_and_the_old_one_keeps_working() {
     let ca = TestCa::new("nodes");
     let server = ca.server("redis", &["127.0.0.1"], Validity::Current);

@@ -1,6 +1,6 @@
 //! `lockedjob exec` as users run it: the real binary against real Redis nodes.
 
-mod support;
+use testsupport as support;
 
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
@@ -50,6 +50,7 @@ fn text(bytes: &[u8]) -> String {
 }
 
 #[test]
+#[ignore = "redis tier: real redis-server; run with scripts/test.sh redis"]
 fn runs_the_command_with_the_lock_in_its_environment_and_passes_its_exit_code() {
     let nodes = RedisNodes::start(3, Persistence::None).expect("start redis-server");
     let out = run(
@@ -79,6 +80,7 @@ fn runs_the_command_with_the_lock_in_its_environment_and_passes_its_exit_code() 
 }
 
 #[test]
+#[ignore = "redis tier: real redis-server; run with scripts/test.sh redis"]
 fn a_second_exec_fails_fast_without_wait_and_runs_after_the_first_with_wait() {
     let nodes = RedisNodes::start(3, Persistence::None).expect("start redis-server");
     let urls = nodes.urls();
@@ -124,6 +126,7 @@ fn a_second_exec_fails_fast_without_wait_and_runs_after_the_first_with_wait() {
 }
 
 #[test]
+#[ignore = "redis tier: real redis-server; run with scripts/test.sh redis"]
 fn losing_the_majority_stops_the_command_before_the_deadline() {
     let mut nodes = RedisNodes::start(3, Persistence::None).expect("start redis-server");
     let dir = tempfile::tempdir().expect("tempdir");
@@ -176,6 +179,7 @@ fn losing_the_majority_stops_the_command_before_the_deadline() {
 }
 
 #[test]
+#[ignore = "redis tier: real redis-server; run with scripts/test.sh redis"]
 fn the_command_and_its_children_die_with_exec_killed_by_sigkill() {
     let nodes = RedisNodes::start(3, Persistence::None).expect("start redis-server");
     let dir = tempfile::tempdir().expect("tempdir");
@@ -215,6 +219,7 @@ fn the_command_and_its_children_die_with_exec_killed_by_sigkill() {
 }
 
 #[test]
+#[ignore = "redis tier: real redis-server; run with scripts/test.sh redis"]
 fn sigterm_reaches_the_command_and_the_lock_is_released() {
     let nodes = RedisNodes::start(3, Persistence::None).expect("start redis-server");
     let dir = tempfile::tempdir().expect("tempdir");
@@ -248,6 +253,7 @@ type BadInputCase = (
 );
 
 #[test]
+#[ignore = "redis tier: real redis-server; run with scripts/test.sh redis"]
 fn bad_input_gives_clear_errors_and_distinct_exit_codes() {
     let nodes = RedisNodes::start(2, Persistence::None).expect("start redis-server");
     let dead = format!("redis://127.0.0.1:{}", support::free_port());
@@ -345,6 +351,7 @@ fn bad_input_gives_clear_errors_and_distinct_exit_codes() {
 /// waits for the first connections (up to the connect timeout) instead of failing on all nodes
 /// as "timed out".
 #[test]
+#[ignore = "redis tier: real redis-server; run with scripts/test.sh redis"]
 fn a_one_shot_exec_over_slow_links_waits_for_its_first_connections() {
     use support::{FaultProxy, ProxyMode};
     let nodes = RedisNodes::start(3, Persistence::None).expect("start redis-server");

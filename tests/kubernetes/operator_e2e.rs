@@ -6,8 +6,8 @@
 //! ends; the suite reads those lines through the pods' logs API and the checker asserts one
 //! run per scheduled time per lock, no overlap, and tokens growing in start order.
 
-mod e2e;
-mod support;
+use crate::e2e;
+use testsupport as support;
 
 use e2e::{
     annotate, check, check_every_time_ran, cluster_pairs, clusters, condition, logs_of,
@@ -36,7 +36,9 @@ async fn list_jobs(jobs: &Api<Job>) -> Option<Vec<Job>> {
 
 /// Scenarios 1 and 7: 3 replicas, a LockedJob every 2 s; an invalid one beside it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "kubernetes tier: root and a local cluster; run with scripts/test.sh kubernetes"]
 async fn three_replicas_run_each_time_once_and_invalid_specs_are_reported() {
+    let _turn = crate::beside();
     for cluster in clusters().await {
         three_replicas(Lab::start(cluster, 5, 3)).await;
     }
@@ -123,7 +125,9 @@ async fn three_replicas(lab: Lab) {
 /// `spec.jitterSeconds` with 3 replicas: each time runs once, for its nominal time, and not
 /// before the start every replica derives from the lock name and the time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "kubernetes tier: root and a local cluster; run with scripts/test.sh kubernetes"]
 async fn jittered_runs_start_at_the_derived_offset_once_across_replicas() {
+    let _turn = crate::beside();
     for cluster in clusters().await {
         jittered(Lab::start(cluster, 3, 3)).await;
     }
@@ -182,7 +186,9 @@ async fn jittered(lab: Lab) {
 
 /// Scenario 4: two clusters, 2 replicas each, one lock name, one set of 5 Redis nodes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "kubernetes tier: root and a local cluster; run with scripts/test.sh kubernetes"]
 async fn two_clusters_sharing_redis_run_each_time_once_across_both() {
+    let _turn = crate::beside();
     for (east, west) in cluster_pairs().await {
         two_clusters(east, west).await;
     }
@@ -227,7 +233,9 @@ async fn two_clusters(east: Cluster, west: Cluster) {
 
 /// Scenario 3: 1 of 5 Redis nodes down, then 3 of 5 mid-run, then back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "kubernetes tier: root and a local cluster; run with scripts/test.sh kubernetes"]
 async fn quorum_loss_deletes_the_job_before_the_deadline_and_runs_resume_after() {
+    let _turn = crate::beside();
     for cluster in clusters().await {
         quorum_loss(Lab::start(cluster, 5, 2)).await;
     }
@@ -317,7 +325,9 @@ async fn quorum_loss(mut lab: Lab) {
 
 /// Scenario 2: kill -9 of the holder replica mid-run.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "kubernetes tier: root and a local cluster; run with scripts/test.sh kubernetes"]
 async fn killed_holder_is_replaced_without_a_second_job_for_the_same_time() {
+    let _turn = crate::beside();
     for cluster in clusters().await {
         killed_holder(Lab::start(cluster, 3, 3)).await;
     }
@@ -356,7 +366,9 @@ async fn killed_holder(mut lab: Lab) {
 
 /// Scenario 5: the holder SIGSTOPped for longer than the TTL, then SIGCONT.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "kubernetes tier: root and a local cluster; run with scripts/test.sh kubernetes"]
 async fn paused_holder_is_taken_over_and_leaves_the_job_alone_when_it_wakes() {
+    let _turn = crate::beside();
     for cluster in clusters().await {
         paused_holder(Lab::start(cluster, 3, 3)).await;
     }
@@ -410,7 +422,9 @@ async fn paused_holder(lab: Lab) {
 /// Scenario 6: the holder cut off from its API server for a while: its own proxy to
 /// kube-apiserver refuses connections and closes the open ones.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "kubernetes tier: root and a local cluster; run with scripts/test.sh kubernetes"]
 async fn holder_cut_off_from_its_api_server_causes_no_duplicate_and_status_catches_up() {
+    let _turn = crate::beside();
     for cluster in clusters().await {
         if cluster
             .local_or_skip("cutting one replica off its API server")
@@ -459,7 +473,9 @@ async fn holder_cut_off(lab: Lab) {
 /// `lockedjob.dev/run-now`: each request runs once across the replicas, outside the schedule,
 /// and is cleared; a malformed request is reported and cleared without a run.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "kubernetes tier: root and a local cluster; run with scripts/test.sh kubernetes"]
 async fn run_now_annotation_runs_once_per_request_across_replicas() {
+    let _turn = crate::beside();
     for cluster in clusters().await {
         run_now(Lab::start(cluster, 3, 3)).await;
     }
@@ -553,7 +569,9 @@ async fn run_now(lab: Lab) {
 /// to answer the create): the replica waits for that run too, which hands its lock over, and
 /// exits holding nothing. The lock's TTL is long, so a lock left behind is still there.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "kubernetes tier: root and a local cluster; run with scripts/test.sh kubernetes"]
 async fn shutdown_while_a_run_is_starting_leaves_no_lock_behind() {
+    let _turn = crate::beside();
     let cluster = Cluster::local("east").await;
     let mut lab = Lab::start(cluster, 3, 1);
     let c = &lab.cluster;
@@ -629,7 +647,9 @@ fn replicas_of_two(
 /// the replicas start, every missed time runs once across both, oldest first, then the
 /// schedule goes on: no scheduled time from the creation on is skipped or run twice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "kubernetes tier: root and a local cluster; run with scripts/test.sh kubernetes"]
 async fn catch_up_all_runs_every_missed_time_once_across_two_clusters() {
+    let _turn = crate::beside();
     for (east, west) in cluster_pairs().await {
         catch_up_all(east, west).await;
     }
@@ -722,7 +742,9 @@ async fn catch_up_all(east: Cluster, west: Cluster) {
 /// each of its times once across both, in order, and both report it complete; a second range,
 /// cancelled in both, stops starting runs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "kubernetes tier: root and a local cluster; run with scripts/test.sh kubernetes"]
 async fn backfill_runs_each_time_once_across_two_clusters_and_stops_when_cancelled() {
+    let _turn = crate::beside();
     for (east, west) in cluster_pairs().await {
         backfill(east, west).await;
     }
@@ -898,7 +920,9 @@ async fn backfill(east: Cluster, west: Cluster) {
 /// starts once it ends, though that is past a 1-second starting deadline (which makes Forbid
 /// drop it), and the times after it in the same run are dropped.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "kubernetes tier: root and a local cluster; run with scripts/test.sh kubernetes"]
 async fn buffer_one_runs_the_time_that_came_due_during_a_run_right_after_it() {
+    let _turn = crate::beside();
     for cluster in clusters().await {
         buffer_one(Lab::start(cluster, 3, 3)).await;
     }
@@ -957,7 +981,9 @@ fn exits_within(replica: &mut Replica, limit: Duration) -> bool {
 /// until the store is ready, and the graceful shutdown stopped the watch that would fill it).
 /// A sweep of delays from the start, on the real API server.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "kubernetes tier: root and a local cluster; run with scripts/test.sh kubernetes"]
 async fn sigterm_at_any_moment_of_start_up_ends_the_replica() {
+    let _turn = crate::beside();
     let cluster = Cluster::local("east").await;
     let nodes = RedisNodes::start(1, Persistence::None).expect("start redis-server");
     let dir = tempfile::tempdir().expect("dir");
@@ -981,7 +1007,9 @@ async fn sigterm_at_any_moment_of_start_up_ends_the_replica() {
 
 /// The same without any first list: the API server cannot be reached at all.
 #[test]
+#[ignore = "kubernetes tier: root and a local cluster; run with scripts/test.sh kubernetes"]
 fn sigterm_ends_a_replica_whose_api_server_cannot_be_reached() {
+    let _turn = crate::beside();
     let nodes = RedisNodes::start(1, Persistence::None).expect("start redis-server");
     let dir = tempfile::tempdir().expect("dir");
     let kubeconfig = dir.path().join("kubeconfig");
@@ -1042,7 +1070,9 @@ fn sigterm_ends_a_replica_whose_api_server_cannot_be_reached() {
 /// restarts, and the runs go on after every connection is cut, which the nodes then accept
 /// only with the new material.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "kubernetes tier: root and a local cluster; run with scripts/test.sh kubernetes"]
 async fn certificates_and_the_password_rotate_with_no_run_missed_or_doubled() {
+    let _turn = crate::beside();
     for cluster in clusters().await {
         rotation(cluster).await;
     }

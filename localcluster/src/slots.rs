@@ -1,0 +1,339 @@
+//! How many clusters one process runs at once, and the clusters its tests share.
+//!
+//! Two cores run about two real-node clusters side by side. Every [`LocalCluster::start`]
+//! takes a slot first and gives it back when the cluster stops; a start that finds none free
+//! stops a shared cluster no test holds, or waits for one. So a test binary may hold any
+//! number of suites: the runner's threads, not the file layout, decide what overlaps, and
+//! this board keeps the overlap within what the machine holds (docs/testing.md, "Scheduling").
+//!
+//! A cluster of three nodes or more takes every slot: it runs alone.
+
+use crate::{Error, LocalCluster, Options};
+use std::collections::HashMap;
+use std::ops::Deref;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, Instant};
+
+/// How many clusters (of up to two nodes) one process runs at once. Default 2.
+pub const LIMIT_ENV: &str = "LOCALCLUSTER_MAX_CLUSTERS";
+const DEFAULT_LIMIT: usize = 2;
+/// A start that waited this long goes ahead over the limit, with a warning: a test that holds
+/// a cluster and asks for another one by one (rather than with [`shared_many`] or
+/// [`start_many`]) could otherwise wait forever on a test doing the same.
+const OVERCOMMIT_AFTER: Duration = Duration::from_secs(600);
+const SAY_WAITING_AFTER: Duration = Duration::from_secs(60);
+
+enum Entry {
+    /// Being started by one caller; others asking for it wait.
+    Starting,
+    Ready {
+        cluster: Arc<LocalCluster>,
+        users: usize,
+    },
+}
+
+struct Board {
+    limit: usize,
+    used: usize,
+    shared: HashMap<&'static str, Entry>,
+}
+
+struct Slots {
+    board: Mutex<Board>,
+    changed: Condvar,
+}
+
+static SLOTS: OnceLock<Slots> = OnceLock::new();
+
+fn slots() -> &'static Slots {
+    SLOTS.get_or_init(|| {
+        // SAFETY: registers a plain extern "C" function with no arguments.
+        unsafe { libc::atexit(stop_shared_clusters) };
+        let limit = std::env::var(LIMIT_ENV)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .filter(|l| *l >= 1)
+            .unwrap_or(DEFAULT_LIMIT);
+        Slots {
+            board: Mutex::new(Board {
+                limit,
+                used: 0,
+                shared: HashMap::new(),
+            }),
+            changed: Condvar::new(),
+        }
+    })
+}
+
+impl Slots {
+    fn lock(&self) -> MutexGuard<'_, Board> {
+        // A test that panicked while holding the board left it consistent: every change
+        // below is made in one step.
+        self.board.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Statics are never dropped: the shared clusters are stopped when the process exits.
+extern "C" fn stop_shared_clusters() {
+    let Some(slots) = SLOTS.get() else {
+        return;
+    };
+    let ready: Vec<Arc<LocalCluster>> = slots
+        .lock()
+        .shared
+        .drain()
+        .filter_map(|(_, entry)| match entry {
+            Entry::Ready { cluster, .. } => Some(cluster),
+            Entry::Starting => None,
+        })
+        .collect();
+    for cluster in ready {
+        cluster.shutdown();
+    }
+}
+
+/// Slots held by one running cluster, given back when it stops.
+pub(crate) struct Slot {
+    weight: usize,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let slots = slots();
+        let mut board = slots.lock();
+        board.used = board.used.saturating_sub(self.weight);
+        drop(board);
+        slots.changed.notify_all();
+    }
+}
+
+/// The slots a cluster started with `options` takes: one, or all for three nodes or more.
+fn weight(options: &Options, limit: usize) -> usize {
+    if options.nodes >= 3 {
+        limit
+    } else {
+        1
+    }
+}
+
+/// Takes `weight` slots, stopping shared clusters no test holds (other than `keep`) to make
+/// room, or waiting for a cluster to stop.
+fn take<'a>(
+    slots: &'a Slots,
+    mut board: MutexGuard<'a, Board>,
+    weight: usize,
+    keep: &[&str],
+    what: &str,
+) -> (MutexGuard<'a, Board>, Slot) {
+    let since = Instant::now();
+    let mut said = false;
+    loop {
+        let weight = weight.min(board.limit);
+        let over = since.elapsed() > OVERCOMMIT_AFTER;
+        if board.used + weight <= board.limit || over {
+            if over {
+                eprintln!("localcluster: {what} starts over the limit of {} clusters after waiting {} s (does a test hold one cluster while asking for another?)", board.limit, since.elapsed().as_secs());
+            }
+            board.used += weight;
+            return (board, Slot { weight });
+        }
+        if let Some(idle) = take_idle(&mut board, keep) {
+            // Its shutdown gives its slot back; the board is not held meanwhile.
+            drop(board);
+            drop(idle);
+            board = slots.lock();
+            continue;
+        }
+        if !said && since.elapsed() > SAY_WAITING_AFTER {
+            eprintln!(
+                "localcluster: {what} waits for one of {} cluster slots ({LIMIT_ENV})",
+                board.limit
+            );
+            said = true;
+        }
+        board = slots
+            .changed
+            .wait_timeout(board, Duration::from_secs(5))
+            .unwrap_or_else(|e| e.into_inner())
+            .0;
+    }
+}
+
+/// Removes a shared cluster no test holds, to be stopped by the caller.
+fn take_idle(board: &mut Board, keep: &[&str]) -> Option<Arc<LocalCluster>> {
+    let name = board.shared.iter().find_map(|(name, entry)| match entry {
+        Entry::Ready { users: 0, .. } if !keep.contains(name) => Some(*name),
+        _ => None,
+    })?;
+    match board.shared.remove(name) {
+        Some(Entry::Ready { cluster, .. }) => Some(cluster),
+        _ => None,
+    }
+}
+
+/// The slot a private start takes (blocking).
+pub(crate) fn take_for(options: &Options) -> Slot {
+    let slots = slots();
+    let board = slots.lock();
+    let weight = weight(options, board.limit);
+    take(slots, board, weight, &[], &options.name).1
+}
+
+/// Starts several clusters of the test's own once there is room for all of them, so a test
+/// needing two never holds one while waiting for the other. Each stops when dropped.
+pub fn start_many(options: Vec<Options>) -> Result<Vec<LocalCluster>, Error> {
+    let named: Vec<(&str, Options)> = options.into_iter().map(|o| ("", o)).collect();
+    let what: Vec<String> = named.iter().map(|(_, o)| o.name.clone()).collect();
+    let started = start_reserved(slots(), &[], &what.join(" and "), named)?;
+    Ok(started.into_iter().map(|(_, cluster)| cluster).collect())
+}
+
+/// A cluster shared by the tests of this process under one name; it stays up while any test
+/// holds it, and after that until its slot is needed or the process exits.
+pub struct Shared {
+    name: &'static str,
+    cluster: Arc<LocalCluster>,
+}
+
+impl Deref for Shared {
+    type Target = LocalCluster;
+
+    fn deref(&self) -> &LocalCluster {
+        &self.cluster
+    }
+}
+
+impl Clone for Shared {
+    fn clone(&self) -> Self {
+        if let Some(Entry::Ready { users, .. }) = slots().lock().shared.get_mut(self.name) {
+            *users += 1;
+        }
+        Self {
+            name: self.name,
+            cluster: self.cluster.clone(),
+        }
+    }
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        let slots = slots();
+        if let Some(Entry::Ready { users, .. }) = slots.lock().shared.get_mut(self.name) {
+            *users = users.saturating_sub(1);
+        }
+        slots.changed.notify_all();
+    }
+}
+
+/// The cluster shared under `name`, started with [`Options::named`] on first use.
+pub fn shared(name: &'static str) -> Result<Shared, Error> {
+    shared_with(name, || Options::named(name))
+}
+
+/// `shared`, started with the options `options` gives (called only if it must start).
+pub fn shared_with(name: &'static str, options: impl FnOnce() -> Options) -> Result<Shared, Error> {
+    let mut clusters = shared_many(vec![(name, Box::new(options) as LazyOptions)])?;
+    Ok(clusters.remove(0))
+}
+
+/// Options made only when a shared cluster must start.
+pub type LazyOptions<'a> = Box<dyn FnOnce() -> Options + 'a>;
+
+/// Several shared clusters at once (a test of two clusters): those missing start only once
+/// there is room for all of them, so the test never holds one while waiting for another.
+pub fn shared_many(wanted: Vec<(&'static str, LazyOptions<'_>)>) -> Result<Vec<Shared>, Error> {
+    let slots = slots();
+    let names: Vec<&'static str> = wanted.iter().map(|(name, _)| *name).collect();
+    let mut board = slots.lock();
+    // Wait while another caller starts one of them.
+    while names
+        .iter()
+        .any(|n| matches!(board.shared.get(n), Some(Entry::Starting)))
+    {
+        board = slots.changed.wait(board).unwrap_or_else(|e| e.into_inner());
+    }
+    let mut missing = Vec::new();
+    for (name, options) in wanted {
+        if !board.shared.contains_key(name) {
+            board.shared.insert(name, Entry::Starting);
+            missing.push((name, options));
+        }
+    }
+    drop(board);
+    let started = start_missing(slots, &names, missing);
+    let mut board = slots.lock();
+    let result = started.map(|started| {
+        for (name, cluster) in started {
+            board.shared.insert(
+                name,
+                Entry::Ready {
+                    cluster: Arc::new(cluster),
+                    users: 0,
+                },
+            );
+        }
+        names
+            .iter()
+            .map(|name| match board.shared.get_mut(name) {
+                Some(Entry::Ready { cluster, users }) => {
+                    *users += 1;
+                    Shared {
+                        name,
+                        cluster: cluster.clone(),
+                    }
+                }
+                _ => unreachable!("every wanted cluster is ready here"),
+            })
+            .collect()
+    });
+    if result.is_err() {
+        board
+            .shared
+            .retain(|_, entry| !matches!(entry, Entry::Starting));
+    }
+    drop(board);
+    slots.changed.notify_all();
+    result
+}
+
+/// Starts the clusters marked `Starting` by this caller, with the slots for all taken at once.
+fn start_missing(
+    slots: &'static Slots,
+    names: &[&'static str],
+    missing: Vec<(&'static str, LazyOptions<'_>)>,
+) -> Result<Vec<(&'static str, LocalCluster)>, Error> {
+    if missing.is_empty() {
+        return Ok(Vec::new());
+    }
+    let options = missing
+        .into_iter()
+        .map(|(name, options)| (name, options()))
+        .collect();
+    start_reserved(slots, names, &names.join(" and "), options)
+}
+
+/// Takes the slots of every cluster in `options` at once, then starts them one by one, each
+/// with its own share (given back when it stops, or at once if it fails to start).
+fn start_reserved<N>(
+    slots: &'static Slots,
+    keep: &[&str],
+    what: &str,
+    options: Vec<(N, Options)>,
+) -> Result<Vec<(N, LocalCluster)>, Error> {
+    let board = slots.lock();
+    let limit = board.limit;
+    let total = options.iter().map(|(_, o)| weight(o, limit)).sum();
+    let (board, mut reserved) = take(slots, board, total, keep, what);
+    drop(board);
+    let mut started = Vec::new();
+    for (name, option) in options {
+        let share = weight(&option, limit).min(reserved.weight);
+        // Moved from the reservation to the cluster's own slot, never counted twice.
+        reserved.weight = reserved.weight.saturating_sub(share);
+        started.push((
+            name,
+            LocalCluster::start_with(option, Slot { weight: share })?,
+        ));
+    }
+    Ok(started)
+}

@@ -1,0 +1,78 @@
+//! The Kubernetes tier: the operator, the chart, the sidecar and the image against real control
+//! planes with real nodes (`localcluster`; root, and the binaries of `scripts/k8s-bins.sh`).
+//! Every test is `#[ignore]`d so that a plain `cargo test` leaves it out and says so;
+//! `scripts/test.sh kubernetes` (and CI) run it with `--include-ignored`.
+//!
+//! The suites share one process: how many clusters run at once is `localcluster`'s slot board,
+//! and the tests that must run alone say so with [`alone`] (docs/testing.md, "Scheduling").
+
+mod apiserver_contract;
+mod chart_render;
+mod e2e;
+mod elect_sidecar;
+mod helm;
+mod image;
+mod kubectl;
+mod next_in_cluster;
+mod operator_e2e;
+mod operator_scale;
+mod real_node_chart;
+mod real_node_leader;
+
+use std::sync::{Condvar, Mutex};
+
+/// Who has the machine: tests running `beside` one another (how many, libtest's threads
+/// decide), or one test `alone`.
+struct Turns {
+    beside: usize,
+    alone: bool,
+    /// A test waits to run alone: no test starts beside meanwhile, or it could wait forever.
+    alone_waiting: bool,
+}
+
+static TURNS: Mutex<Turns> = Mutex::new(Turns {
+    beside: 0,
+    alone: false,
+    alone_waiting: false,
+});
+static TURN_ENDED: Condvar = Condvar::new();
+
+/// A test's hold on the machine, for the whole test; given back when dropped.
+struct Turn {
+    alone: bool,
+}
+
+impl Drop for Turn {
+    fn drop(&mut self) {
+        let mut turns = TURNS.lock().unwrap_or_else(|e| e.into_inner());
+        if self.alone {
+            turns.alone = false;
+        } else {
+            turns.beside -= 1;
+        }
+        TURN_ENDED.notify_all();
+    }
+}
+
+/// A test that shares the machine with the others; waits while one runs `alone`.
+fn beside() -> Turn {
+    let mut turns = TURNS.lock().unwrap_or_else(|e| e.into_inner());
+    while turns.alone || turns.alone_waiting {
+        turns = TURN_ENDED.wait(turns).unwrap_or_else(|e| e.into_inner());
+    }
+    turns.beside += 1;
+    Turn { alone: false }
+}
+
+/// A test that must have the machine to itself (a load test whose timing the others would
+/// disturb): it waits for every test `beside` to end, and none starts until it has ended.
+fn alone() -> Turn {
+    let mut turns = TURNS.lock().unwrap_or_else(|e| e.into_inner());
+    turns.alone_waiting = true;
+    while turns.alone || turns.beside > 0 {
+        turns = TURN_ENDED.wait(turns).unwrap_or_else(|e| e.into_inner());
+    }
+    turns.alone_waiting = false;
+    turns.alone = true;
+    Turn { alone: true }
+}
