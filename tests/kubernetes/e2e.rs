@@ -6,7 +6,6 @@
 //!
 //! The journal is the Jobs' own output: each run prints one line when it ends, and the suites
 //! read it through the pods' logs API (kube-apiserver asks the node for it).
-#![allow(dead_code)]
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
@@ -362,7 +361,8 @@ impl Drop for Replica {
 /// Redis nodes, one cluster, its operator replicas and the journal of its runs.
 pub struct Lab {
     pub nodes: RedisNodes,
-    pub dir: tempfile::TempDir,
+    /// The replicas' logs, kept until the lab is dropped.
+    _logs: tempfile::TempDir,
     pub journal: Journal,
     pub replicas: Vec<Replica>,
     /// Last: dropped after the replicas, so a real cluster's namespace goes once they stopped.
@@ -379,7 +379,7 @@ impl Lab {
             .collect();
         Self {
             nodes,
-            dir,
+            _logs: dir,
             journal: Journal::new(vec![cluster.api()]),
             replicas,
             cluster,
