@@ -3,33 +3,14 @@
 //! it ships, the values its templates use, the Dockerfile's last stage. Its Redis start script runs
 //! in `redis/chart_node.rs`; helm and Kubernetes' schemas check it in `kubernetes/chart_render.rs`.
 
+use support::{files_in, read, repo, yaml};
+use testsupport as support;
+
 use serde_json::Value;
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 const CHART: &str = "charts/lockedjob-operator";
-
-fn repo(path: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join(path)
-}
-
-fn read(path: &Path) -> String {
-    std::fs::read_to_string(path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()))
-}
-
-fn yaml(path: &Path) -> Value {
-    serde_saphyr::from_str(&read(path)).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-}
-
-fn files_in(dir: &Path, ext: &str) -> Vec<PathBuf> {
-    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
-        .unwrap_or_else(|e| panic!("list {}: {e}", dir.display()))
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == ext))
-        .collect();
-    files.sort();
-    files
-}
 
 /// Helm merges the user's values over the chart's defaults (maps key by key, everything else
 /// replaced) and validates the result against values.schema.json.

@@ -3,24 +3,8 @@
 
 use testsupport as support;
 
-use std::process::{Command, Output};
-use support::lockedjob_bin;
-
-fn lockedjob(args: &[&str]) -> Command {
-    let mut cmd = Command::new(lockedjob_bin());
-    cmd.args(args)
-        .env_remove("LOCKEDJOB_REDIS_URLS")
-        .env("RUST_LOG", "warn");
-    cmd
-}
-
-fn text(out: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
-}
+use std::process::Command;
+use support::{lockedjob, text};
 
 #[test]
 fn next_prints_the_coming_times_and_rejects_bad_expressions_clearly() {

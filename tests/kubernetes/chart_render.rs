@@ -2,33 +2,14 @@
 //! default values and every `ci/` file (helm from scripts/k8s-bins.sh), and Kubernetes' own schemas
 //! (`kubernetes-validate`, PyPI) for the CRD and the examples' Job templates.
 
+use support::{files_in, repo, yaml};
+use testsupport as support;
+
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 const CHART: &str = "charts/lockedjob-operator";
-
-fn repo(path: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join(path)
-}
-
-fn read(path: &Path) -> String {
-    std::fs::read_to_string(path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()))
-}
-
-fn yaml(path: &Path) -> Value {
-    serde_saphyr::from_str(&read(path)).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-}
-
-fn files_in(dir: &Path, ext: &str) -> Vec<PathBuf> {
-    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
-        .unwrap_or_else(|e| panic!("list {}: {e}", dir.display()))
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == ext))
-        .collect();
-    files.sort();
-    files
-}
 
 /// As a module, so a pip install works without a console script on PATH.
 fn kubernetes_validate() -> Command {

@@ -6,24 +6,7 @@ use testsupport as support;
 use kube::api::{Api, PostParams};
 use lockedjob::api::LockedJob;
 use serde_json::json;
-use std::process::{Command, Output};
-use support::lockedjob_bin;
-
-fn lockedjob(args: &[&str]) -> Command {
-    let mut cmd = Command::new(lockedjob_bin());
-    cmd.args(args)
-        .env_remove("LOCKEDJOB_REDIS_URLS")
-        .env("RUST_LOG", "warn");
-    cmd
-}
-
-fn text(out: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
-}
+use support::{lockedjob, text};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "kubernetes tier: root and a local cluster; run with scripts/test.sh kubernetes"]

@@ -2,21 +2,14 @@
 //! `redis-server`: the restart delay, the durability settings, fences kept over a restart, the
 //! next password, TLS from a certificate Secret.
 
+use support::{read, repo};
 use testsupport as support;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 const CHART: &str = "charts/lockedjob-operator";
-
-fn repo(path: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join(path)
-}
-
-fn read(path: &Path) -> String {
-    std::fs::read_to_string(path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()))
-}
 
 struct Server(Child);
 

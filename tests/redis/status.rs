@@ -4,25 +4,9 @@
 use testsupport as support;
 
 use serde_json::Value;
-use std::process::{Command, Output, Stdio};
+use std::process::{Output, Stdio};
 use std::time::Duration;
-use support::{lockedjob_bin, wait_until, Persistence, RedisNodes, SetChecks};
-
-fn lockedjob(args: &[&str]) -> Command {
-    let mut cmd = Command::new(lockedjob_bin());
-    cmd.args(args)
-        .env_remove("LOCKEDJOB_REDIS_URLS")
-        .env("RUST_LOG", "warn");
-    cmd
-}
-
-fn text(out: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
-}
+use support::{lockedjob, text, wait_until, Persistence, RedisNodes, SetChecks};
 
 fn status(urls: &str, extra: &[&str]) -> Output {
     lockedjob(&["status", "nightly", "--redis", urls])

@@ -178,6 +178,46 @@ pub fn repo(path: &str) -> std::path::PathBuf {
         .join(path)
 }
 
+/// A text file's contents; panics naming the file.
+pub fn read(path: &std::path::Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()))
+}
+
+/// A YAML file as JSON values; panics naming the file.
+pub fn yaml(path: &std::path::Path) -> serde_json::Value {
+    serde_saphyr::from_str(&read(path)).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// The files of `dir` ending in `.ext`, sorted.
+pub fn files_in(dir: &std::path::Path, ext: &str) -> Vec<std::path::PathBuf> {
+    let mut files: Vec<std::path::PathBuf> = std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("list {}: {e}", dir.display()))
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == ext))
+        .collect();
+    files.sort();
+    files
+}
+
+/// The `lockedjob` binary with `args`, as a user runs it: no lock nodes from the environment,
+/// warnings only.
+pub fn lockedjob(args: &[&str]) -> std::process::Command {
+    let mut cmd = std::process::Command::new(lockedjob_bin());
+    cmd.args(args)
+        .env_remove("LOCKEDJOB_REDIS_URLS")
+        .env("RUST_LOG", "warn");
+    cmd
+}
+
+/// A finished command's stdout then stderr, for assertions and their messages.
+pub fn text(out: &std::process::Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
 /// Path of the built `lockedjob` binary: cargo builds it for the package's tests and benches,
 /// beside their `deps/` directory (what `CARGO_BIN_EXE_lockedjob` names in the package itself).
 pub fn lockedjob_bin() -> std::path::PathBuf {
