@@ -95,11 +95,12 @@ extern "C" fn stop_shared_clusters() {
 /// Slots held by one running cluster, given back when it stops.
 pub(crate) struct Slot {
     weight: usize,
+    slots: &'static Slots,
 }
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        let slots = slots();
+        let slots = self.slots;
         let mut board = slots.lock();
         board.used = board.used.saturating_sub(self.weight);
         drop(board);
@@ -118,13 +119,13 @@ fn weight(options: &Options, limit: usize) -> usize {
 
 /// Takes `weight` slots, stopping shared clusters no test holds (other than `keep`) to make
 /// room, or waiting for a cluster to stop.
-fn take<'a>(
-    slots: &'a Slots,
-    mut board: MutexGuard<'a, Board>,
+fn take(
+    slots: &'static Slots,
+    mut board: MutexGuard<'static, Board>,
     weight: usize,
     keep: &[&str],
     what: &str,
-) -> (MutexGuard<'a, Board>, Slot) {
+) -> (MutexGuard<'static, Board>, Slot) {
     let since = Instant::now();
     let mut said = false;
     loop {
@@ -135,7 +136,7 @@ fn take<'a>(
                 eprintln!("localcluster: {what} starts over the limit of {} clusters after waiting {} s (does a test hold one cluster while asking for another?)", board.limit, since.elapsed().as_secs());
             }
             board.used += weight;
-            return (board, Slot { weight });
+            return (board, Slot { weight, slots });
         }
         if let Some(idle) = take_idle(&mut board, keep) {
             // Its shutdown gives its slot back; the board is not held meanwhile.
@@ -332,8 +333,73 @@ fn start_reserved<N>(
         reserved.weight = reserved.weight.saturating_sub(share);
         started.push((
             name,
-            LocalCluster::start_with(option, Slot { weight: share })?,
+            LocalCluster::start_with(
+                option,
+                Slot {
+                    weight: share,
+                    slots,
+                },
+            )?,
         ));
     }
     Ok(started)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn board(limit: usize) -> &'static Slots {
+        Box::leak(Box::new(Slots {
+            board: Mutex::new(Board {
+                limit,
+                used: 0,
+                shared: HashMap::new(),
+            }),
+            changed: Condvar::new(),
+        }))
+    }
+
+    fn take_now(slots: &'static Slots, weight: usize) -> Slot {
+        take(slots, slots.lock(), weight, &[], "test").1
+    }
+
+    #[test]
+    fn a_start_waits_for_a_slot_and_gets_the_one_given_back() {
+        let slots = board(2);
+        let first = take_now(slots, 1);
+        let _second = take_now(slots, 1);
+        assert_eq!(slots.lock().used, 2);
+        let (sent, got) = std::sync::mpsc::channel();
+        let waiter = std::thread::spawn(move || {
+            let third = take_now(slots, 1);
+            sent.send(()).expect("the test waits");
+            third
+        });
+        assert!(
+            got.recv_timeout(Duration::from_millis(300)).is_err(),
+            "a third cluster started while two ran"
+        );
+        drop(first);
+        got.recv_timeout(Duration::from_secs(10))
+            .expect("the third start once the first stopped");
+        drop(waiter.join().expect("the waiter"));
+        assert_eq!(slots.lock().used, 1, "each slot given back once");
+    }
+
+    #[test]
+    fn a_cluster_of_three_nodes_takes_every_slot() {
+        let limit = 2;
+        let three = Options {
+            nodes: 3,
+            ..Options::named("big")
+        };
+        assert_eq!(weight(&three, limit), limit);
+        assert_eq!(weight(&Options::named("small"), limit), 1);
+        let slots = board(limit);
+        let big = take_now(slots, weight(&three, limit));
+        assert_eq!(slots.lock().used, limit);
+        drop(big);
+        assert_eq!(slots.lock().used, 0);
+    }
 }
