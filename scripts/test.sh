@@ -131,8 +131,13 @@ redis_tier() {
 }
 
 kubernetes_tier() {
-  cargo test --locked --workspace --test kubernetes \
+  local times
+  times="$(mktemp)"
+  LOCKEDJOB_TEST_TIMES="$times" cargo test --locked --workspace --test kubernetes \
     --test cluster --test real_node --test real_node_cleanup --test soak -- --include-ignored
+  echo "== the kubernetes binary's slowest tests (seconds, from each test's turn)"
+  sort -rn "$times" | head -n 12
+  rm -f "$times"
   cargo test --locked --workspace --bench operator --bench elect
 }
 

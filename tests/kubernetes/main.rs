@@ -37,13 +37,51 @@ static TURNS: Mutex<Turns> = Mutex::new(Turns {
 });
 static TURN_ENDED: Condvar = Condvar::new();
 
+/// Where each test's minutes go, when set: a line `seconds<TAB>test` per test (what the suite
+/// costs is CI's budget, docs/testing.md "Time"; libtest prints no durations on stable).
+const TIMES_ENV: &str = "LOCKEDJOB_TEST_TIMES";
+
 /// A test's hold on the machine, for the whole test; given back when dropped.
 struct Turn {
     alone: bool,
+    started: std::time::Instant,
+}
+
+impl Turn {
+    fn new(alone: bool) -> Self {
+        Self {
+            alone,
+            started: std::time::Instant::now(),
+        }
+    }
+
+    fn record(&self) {
+        let Some(path) = std::env::var_os(TIMES_ENV) else {
+            return;
+        };
+        let thread = std::thread::current();
+        let line = format!(
+            "{:.0}\t{}\n",
+            self.started.elapsed().as_secs_f64(),
+            thread.name().unwrap_or("?")
+        );
+        let appended = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .and_then(|mut file| std::io::Write::write_all(&mut file, line.as_bytes()));
+        if let Err(e) = appended {
+            eprintln!(
+                "{TIMES_ENV}: cannot append to {}: {e}",
+                path.to_string_lossy()
+            );
+        }
+    }
 }
 
 impl Drop for Turn {
     fn drop(&mut self) {
+        self.record();
         let mut turns = TURNS.lock().unwrap_or_else(|e| e.into_inner());
         if self.alone {
             turns.alone = false;
@@ -61,7 +99,7 @@ fn beside() -> Turn {
         turns = TURN_ENDED.wait(turns).unwrap_or_else(|e| e.into_inner());
     }
     turns.beside += 1;
-    Turn { alone: false }
+    Turn::new(false)
 }
 
 /// A test that must have the machine to itself (a load test whose timing the others would
@@ -74,5 +112,5 @@ fn alone() -> Turn {
     }
     turns.alone_waiting = false;
     turns.alone = true;
-    Turn { alone: true }
+    Turn::new(true)
 }
