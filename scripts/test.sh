@@ -131,13 +131,16 @@ redis_tier() {
 }
 
 kubernetes_tier() {
-  local times
+  local times status=0
   times="$(mktemp)"
   LOCKEDJOB_TEST_TIMES="$times" cargo test --locked --workspace --test kubernetes \
-    --test cluster --test real_node --test real_node_cleanup --test soak -- --include-ignored
+    --test cluster --test real_node --test real_node_cleanup --test soak -- --include-ignored \
+    || status=$?
+  # Printed on failure too, when it is wanted most.
   echo "== the kubernetes binary's slowest tests (seconds, from each test's turn)"
   sort -rn "$times" | head -n 12
   rm -f "$times"
+  [ "$status" -eq 0 ] || return "$status"
   cargo test --locked --workspace --bench operator --bench elect
 }
 
@@ -159,7 +162,8 @@ if wants kubernetes; then
   echo "== the operator image from the Dockerfile (scripts/image.sh, in the background; log $background/image.log)"
   setsid -w scripts/image.sh >"$background/image.log" 2>&1 &
   image_build=$!
-  trap 'kill -TERM -- "-$go_build" "-$image_build" 2>/dev/null || true; rm -rf "$background"' EXIT
+  # Each is cleared once reaped, so the trap never signals a process group that reused its id.
+  trap 'for group in $go_build $image_build; do kill -TERM -- "-$group" 2>/dev/null || true; done; rm -rf "$background"' EXIT
 fi
 if wants redis || wants kubernetes; then step "install: the Redis tier" install_redis; fi
 if wants checks; then
@@ -176,6 +180,7 @@ if wants checks; then step "hermetic tier" hermetic_tier; fi
 if [ -n "$image_build" ]; then
   # The tiers below are about timing under faults: they run on a quiet machine.
   wait_for "$go_build" "$background/go.log" "the Go builds"
+  go_build=""
   grep -h '^\[' "$background/go.log" | grep -v downloading | tail -n4
   set -a
   # shellcheck disable=SC1091
@@ -184,6 +189,7 @@ if [ -n "$image_build" ]; then
   # helm and kubectl for the chart and kubectl tests: the ones built with the control plane.
   export PATH="$LOCKEDJOB_K8S_BIN:$PATH"
   wait_for "$image_build" "$background/image.log" "scripts/image.sh"
+  image_build=""
   grep '^\[image\]' "$background/image.log" | tail -n1
 fi
 if wants redis; then step "redis tier" redis_tier; fi

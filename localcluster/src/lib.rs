@@ -24,7 +24,9 @@ pub use binaries::{Binaries, BIN_DIR_ENV};
 pub use cluster::{LocalCluster, Options};
 pub use pki::Pki;
 pub use ports::free_port;
-pub use slots::{shared, shared_many, shared_with, start_many, LazyOptions, Shared, LIMIT_ENV};
+pub use slots::{
+    shared, shared_many, shared_with, start_many, stop_idle_shared, LazyOptions, Shared, LIMIT_ENV,
+};
 
 /// A shell function `now` printing the wall clock in seconds with microseconds, for commands
 /// in pods: busybox's `date` (the nodes' `busybox:1.36`) has no `%N` and prints it as is, so

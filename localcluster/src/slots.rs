@@ -129,9 +129,10 @@ fn take(
     let since = Instant::now();
     let mut said = false;
     loop {
-        let weight = weight.min(board.limit);
         let over = since.elapsed() > OVERCOMMIT_AFTER;
-        if board.used + weight <= board.limit || over {
+        // More than the limit at once (clusters asked for together) goes ahead alone.
+        let room = board.used + weight <= board.limit || board.used == 0;
+        if room || over {
             if over {
                 eprintln!("localcluster: {what} starts over the limit of {} clusters after waiting {} s (does a test hold one cluster while asking for another?)", board.limit, since.elapsed().as_secs());
             }
@@ -206,8 +207,10 @@ impl Deref for Shared {
 
 impl Clone for Shared {
     fn clone(&self) -> Self {
-        if let Some(Entry::Ready { users, .. }) = slots().lock().shared.get_mut(self.name) {
-            *users += 1;
+        if let Some(Entry::Ready { cluster, users }) = slots().lock().shared.get_mut(self.name) {
+            if Arc::ptr_eq(cluster, &self.cluster) {
+                *users += 1;
+            }
         }
         Self {
             name: self.name,
@@ -219,8 +222,10 @@ impl Clone for Shared {
 impl Drop for Shared {
     fn drop(&mut self) {
         let slots = slots();
-        if let Some(Entry::Ready { users, .. }) = slots.lock().shared.get_mut(self.name) {
-            *users = users.saturating_sub(1);
+        if let Some(Entry::Ready { cluster, users }) = slots.lock().shared.get_mut(self.name) {
+            if Arc::ptr_eq(cluster, &self.cluster) {
+                *users = users.saturating_sub(1);
+            }
         }
         slots.changed.notify_all();
     }
@@ -246,55 +251,87 @@ pub fn shared_many(wanted: Vec<(&'static str, LazyOptions<'_>)>) -> Result<Vec<S
     let slots = slots();
     let names: Vec<&'static str> = wanted.iter().map(|(name, _)| *name).collect();
     let mut board = slots.lock();
-    // Wait while another caller starts one of them.
+    // Wait while another caller starts one of them (its marks are cleared even if it panics).
     while names
         .iter()
         .any(|n| matches!(board.shared.get(n), Some(Entry::Starting)))
     {
         board = slots.changed.wait(board).unwrap_or_else(|e| e.into_inner());
     }
+    // In one step: hold what is up (so no start evicts it meanwhile), mark what is missing.
+    let mut held = HashMap::new();
     let mut missing = Vec::new();
     for (name, options) in wanted {
-        if !board.shared.contains_key(name) {
-            board.shared.insert(name, Entry::Starting);
-            missing.push((name, options));
+        match board.shared.get_mut(name) {
+            Some(Entry::Ready { cluster, users }) => {
+                *users += 1;
+                let cluster = cluster.clone();
+                held.insert(name, Shared { name, cluster });
+            }
+            _ => {
+                board.shared.insert(name, Entry::Starting);
+                missing.push((name, options));
+            }
         }
     }
     drop(board);
-    let started = start_missing(slots, &names, missing);
+    let marks = StartingMarks {
+        slots,
+        names: missing.iter().map(|(name, _)| *name).collect(),
+    };
+    // On an error (or a panic) `held` gives its users back and `marks` clears this caller's
+    // marks, with the board not locked.
+    let started = start_missing(slots, &names, missing)?;
     let mut board = slots.lock();
-    let result = started.map(|started| {
-        for (name, cluster) in started {
-            board.shared.insert(
-                name,
-                Entry::Ready {
-                    cluster: Arc::new(cluster),
-                    users: 0,
-                },
-            );
-        }
-        names
-            .iter()
-            .map(|name| match board.shared.get_mut(name) {
-                Some(Entry::Ready { cluster, users }) => {
-                    *users += 1;
-                    Shared {
-                        name,
-                        cluster: cluster.clone(),
-                    }
-                }
-                _ => unreachable!("every wanted cluster is ready here"),
-            })
-            .collect()
-    });
-    if result.is_err() {
-        board
-            .shared
-            .retain(|_, entry| !matches!(entry, Entry::Starting));
+    for (name, cluster) in started {
+        let cluster = Arc::new(cluster);
+        board.shared.insert(
+            name,
+            Entry::Ready {
+                cluster: cluster.clone(),
+                users: 1,
+            },
+        );
+        held.insert(name, Shared { name, cluster });
     }
     drop(board);
+    drop(marks);
     slots.changed.notify_all();
-    result
+    Ok(names.iter().filter_map(|name| held.remove(name)).collect())
+}
+
+/// The names one caller marked `Starting`: whatever happens to its start, they are cleared
+/// when this is dropped (a start that succeeded has replaced them with `Ready` already).
+struct StartingMarks {
+    slots: &'static Slots,
+    names: Vec<&'static str>,
+}
+
+impl Drop for StartingMarks {
+    fn drop(&mut self) {
+        let mut board = self.slots.lock();
+        for name in &self.names {
+            if matches!(board.shared.get(name), Some(Entry::Starting)) {
+                board.shared.remove(name);
+            }
+        }
+        drop(board);
+        self.slots.changed.notify_all();
+    }
+}
+
+/// Stops every shared cluster no test holds, so a test that must have the machine to itself
+/// gets it (they start again on their next use).
+pub fn stop_idle_shared() {
+    let slots = slots();
+    loop {
+        let idle = take_idle(&mut slots.lock(), &[]);
+        match idle {
+            // Stopped with the board unlocked: its slot is given back as it stops.
+            Some(cluster) => drop(cluster),
+            None => return,
+        }
+    }
 }
 
 /// Starts the clusters marked `Starting` by this caller, with the slots for all taken at once.
@@ -385,6 +422,18 @@ mod tests {
             .expect("the third start once the first stopped");
         drop(waiter.join().expect("the waiter"));
         assert_eq!(slots.lock().used, 1, "each slot given back once");
+    }
+
+    #[test]
+    fn a_start_that_panics_leaves_no_mark_behind() {
+        let caught = std::panic::catch_unwind(|| {
+            shared_with("panics", || -> Options { panic!("no options") })
+        });
+        assert!(caught.is_err());
+        assert!(
+            !slots().lock().shared.contains_key("panics"),
+            "a later request would wait for it forever"
+        );
     }
 
     #[test]

@@ -26,14 +26,14 @@ use std::sync::{Condvar, Mutex};
 struct Turns {
     beside: usize,
     alone: bool,
-    /// A test waits to run alone: no test starts beside meanwhile, or it could wait forever.
-    alone_waiting: bool,
+    /// Tests waiting to run alone: no test starts beside meanwhile, or they could wait forever.
+    alone_waiting: usize,
 }
 
 static TURNS: Mutex<Turns> = Mutex::new(Turns {
     beside: 0,
     alone: false,
-    alone_waiting: false,
+    alone_waiting: 0,
 });
 static TURN_ENDED: Condvar = Condvar::new();
 
@@ -95,7 +95,7 @@ impl Drop for Turn {
 /// A test that shares the machine with the others; waits while one runs `alone`.
 fn beside() -> Turn {
     let mut turns = TURNS.lock().unwrap_or_else(|e| e.into_inner());
-    while turns.alone || turns.alone_waiting {
+    while turns.alone || turns.alone_waiting > 0 {
         turns = TURN_ENDED.wait(turns).unwrap_or_else(|e| e.into_inner());
     }
     turns.beside += 1;
@@ -103,14 +103,18 @@ fn beside() -> Turn {
 }
 
 /// A test that must have the machine to itself (a load test whose timing the others would
-/// disturb): it waits for every test `beside` to end, and none starts until it has ended.
+/// disturb): it waits for every test `beside` to end, none starts until it has ended, and the
+/// shared clusters no test holds are stopped first.
 fn alone() -> Turn {
     let mut turns = TURNS.lock().unwrap_or_else(|e| e.into_inner());
-    turns.alone_waiting = true;
+    turns.alone_waiting += 1;
     while turns.alone || turns.beside > 0 {
         turns = TURN_ENDED.wait(turns).unwrap_or_else(|e| e.into_inner());
     }
-    turns.alone_waiting = false;
+    turns.alone_waiting -= 1;
     turns.alone = true;
+    drop(turns);
+    // The clusters other tests left up would run beside it: stopped (they start again later).
+    localcluster::stop_idle_shared();
     Turn::new(true)
 }
