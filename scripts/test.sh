@@ -181,7 +181,7 @@ if [ -n "$image_build" ]; then
   # The tiers below are about timing under faults: they run on a quiet machine.
   wait_for "$go_build" "$background/go.log" "the Go builds"
   go_build=""
-  grep -h '^\[' "$background/go.log" | grep -v downloading | tail -n4
+  grep -h '^\[' "$background/go.log" | grep -v downloading | tail -n4 || true
   set -a
   # shellcheck disable=SC1091
   source "$background/go.env"
@@ -190,7 +190,7 @@ if [ -n "$image_build" ]; then
   export PATH="$LOCKEDJOB_K8S_BIN:$PATH"
   wait_for "$image_build" "$background/image.log" "scripts/image.sh"
   image_build=""
-  grep '^\[image\]' "$background/image.log" | tail -n1
+  grep '^\[image\]' "$background/image.log" | tail -n1 || true
 fi
 if wants redis; then step "redis tier" redis_tier; fi
 if wants kubernetes; then step "kubernetes tier" kubernetes_tier; fi
