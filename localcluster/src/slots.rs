@@ -33,12 +33,13 @@ enum Entry {
 }
 
 struct Board {
-    limit: usize,
     used: usize,
     shared: HashMap<&'static str, Entry>,
 }
 
 struct Slots {
+    /// Read once from `LIMIT_ENV`; never changes.
+    limit: usize,
     board: Mutex<Board>,
     changed: Condvar,
 }
@@ -54,18 +55,31 @@ fn slots() -> &'static Slots {
             .and_then(|v| v.parse().ok())
             .filter(|l| *l >= 1)
             .unwrap_or(DEFAULT_LIMIT);
-        Slots {
+        Slots::new(limit)
+    })
+}
+
+impl Slots {
+    fn new(limit: usize) -> Self {
+        Self {
+            limit,
             board: Mutex::new(Board {
-                limit,
                 used: 0,
                 shared: HashMap::new(),
             }),
             changed: Condvar::new(),
         }
-    })
-}
+    }
 
-impl Slots {
+    /// The slots a cluster started with `options` takes: one, or all for three nodes or more.
+    fn weight(&self, options: &Options) -> usize {
+        if options.nodes >= 3 {
+            self.limit
+        } else {
+            1
+        }
+    }
+
     fn lock(&self) -> MutexGuard<'_, Board> {
         // A test that panicked while holding the board left it consistent: every change
         // below is made in one step.
@@ -108,36 +122,22 @@ impl Drop for Slot {
     }
 }
 
-/// The slots a cluster started with `options` takes: one, or all for three nodes or more.
-fn weight(options: &Options, limit: usize) -> usize {
-    if options.nodes >= 3 {
-        limit
-    } else {
-        1
-    }
-}
-
 /// Takes `weight` slots, stopping shared clusters no test holds (other than `keep`) to make
 /// room, or waiting for a cluster to stop.
-fn take(
-    slots: &'static Slots,
-    mut board: MutexGuard<'static, Board>,
-    weight: usize,
-    keep: &[&str],
-    what: &str,
-) -> (MutexGuard<'static, Board>, Slot) {
+fn take(slots: &'static Slots, weight: usize, keep: &[&str], what: &str) -> Slot {
+    let mut board = slots.lock();
     let since = Instant::now();
     let mut said = false;
     loop {
         let over = since.elapsed() > OVERCOMMIT_AFTER;
         // More than the limit at once (clusters asked for together) goes ahead alone.
-        let room = board.used + weight <= board.limit || board.used == 0;
+        let room = board.used + weight <= slots.limit || board.used == 0;
         if room || over {
             if over {
-                eprintln!("localcluster: {what} starts over the limit of {} clusters after waiting {} s (does a test hold one cluster while asking for another?)", board.limit, since.elapsed().as_secs());
+                eprintln!("localcluster: {what} starts over the limit of {} clusters after waiting {} s (does a test hold one cluster while asking for another?)", slots.limit, since.elapsed().as_secs());
             }
             board.used += weight;
-            return (board, Slot { weight, slots });
+            return Slot { weight, slots };
         }
         if let Some(idle) = take_idle(&mut board, keep) {
             // Its shutdown gives its slot back; the board is not held meanwhile.
@@ -149,7 +149,7 @@ fn take(
         if !said && since.elapsed() > SAY_WAITING_AFTER {
             eprintln!(
                 "localcluster: {what} waits for one of {} cluster slots ({LIMIT_ENV})",
-                board.limit
+                slots.limit
             );
             said = true;
         }
@@ -176,9 +176,7 @@ fn take_idle(board: &mut Board, keep: &[&str]) -> Option<Arc<LocalCluster>> {
 /// The slot a private start takes (blocking).
 pub(crate) fn take_for(options: &Options) -> Slot {
     let slots = slots();
-    let board = slots.lock();
-    let weight = weight(options, board.limit);
-    take(slots, board, weight, &[], &options.name).1
+    take(slots, slots.weight(options), &[], &options.name)
 }
 
 /// Starts several clusters of the test's own once there is room for all of them, so a test
@@ -205,13 +203,22 @@ impl Deref for Shared {
     }
 }
 
-impl Clone for Shared {
-    fn clone(&self) -> Self {
-        if let Some(Entry::Ready { cluster, users }) = slots().lock().shared.get_mut(self.name) {
+impl Shared {
+    /// Changes how many handles hold this very cluster (not a later one of the same name).
+    fn count(&self, change: impl FnOnce(&mut usize)) {
+        let slots = slots();
+        if let Some(Entry::Ready { cluster, users }) = slots.lock().shared.get_mut(self.name) {
             if Arc::ptr_eq(cluster, &self.cluster) {
-                *users += 1;
+                change(users);
             }
         }
+        slots.changed.notify_all();
+    }
+}
+
+impl Clone for Shared {
+    fn clone(&self) -> Self {
+        self.count(|users| *users += 1);
         Self {
             name: self.name,
             cluster: self.cluster.clone(),
@@ -221,13 +228,7 @@ impl Clone for Shared {
 
 impl Drop for Shared {
     fn drop(&mut self) {
-        let slots = slots();
-        if let Some(Entry::Ready { cluster, users }) = slots.lock().shared.get_mut(self.name) {
-            if Arc::ptr_eq(cluster, &self.cluster) {
-                *users = users.saturating_sub(1);
-            }
-        }
-        slots.changed.notify_all();
+        self.count(|users| *users = users.saturating_sub(1));
     }
 }
 
@@ -358,14 +359,11 @@ fn start_reserved<N>(
     what: &str,
     options: Vec<(N, Options)>,
 ) -> Result<Vec<(N, LocalCluster)>, Error> {
-    let board = slots.lock();
-    let limit = board.limit;
-    let total = options.iter().map(|(_, o)| weight(o, limit)).sum();
-    let (board, mut reserved) = take(slots, board, total, keep, what);
-    drop(board);
+    let total = options.iter().map(|(_, o)| slots.weight(o)).sum();
+    let mut reserved = take(slots, total, keep, what);
     let mut started = Vec::new();
     for (name, option) in options {
-        let share = weight(&option, limit).min(reserved.weight);
+        let share = slots.weight(&option).min(reserved.weight);
         // Moved from the reservation to the cluster's own slot, never counted twice.
         reserved.weight = reserved.weight.saturating_sub(share);
         started.push((
@@ -387,18 +385,11 @@ mod tests {
     use super::*;
 
     fn board(limit: usize) -> &'static Slots {
-        Box::leak(Box::new(Slots {
-            board: Mutex::new(Board {
-                limit,
-                used: 0,
-                shared: HashMap::new(),
-            }),
-            changed: Condvar::new(),
-        }))
+        Box::leak(Box::new(Slots::new(limit)))
     }
 
     fn take_now(slots: &'static Slots, weight: usize) -> Slot {
-        take(slots, slots.lock(), weight, &[], "test").1
+        take(slots, weight, &[], "test")
     }
 
     #[test]
@@ -443,10 +434,10 @@ mod tests {
             nodes: 3,
             ..Options::named("big")
         };
-        assert_eq!(weight(&three, limit), limit);
-        assert_eq!(weight(&Options::named("small"), limit), 1);
         let slots = board(limit);
-        let big = take_now(slots, weight(&three, limit));
+        assert_eq!(slots.weight(&three), limit);
+        assert_eq!(slots.weight(&Options::named("small")), 1);
+        let big = take_now(slots, slots.weight(&three));
         assert_eq!(slots.lock().used, limit);
         drop(big);
         assert_eq!(slots.lock().used, 0);

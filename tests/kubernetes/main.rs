@@ -19,7 +19,7 @@ mod operator_scale;
 mod real_node_chart;
 mod real_node_leader;
 
-use std::sync::{Condvar, Mutex};
+use std::sync::{Condvar, Mutex, MutexGuard};
 
 /// Who has the machine: tests running `beside` one another (how many, libtest's threads
 /// decide), or one test `alone`.
@@ -36,6 +36,11 @@ static TURNS: Mutex<Turns> = Mutex::new(Turns {
     alone_waiting: 0,
 });
 static TURN_ENDED: Condvar = Condvar::new();
+
+fn turns() -> MutexGuard<'static, Turns> {
+    // A test that panicked holding the lock left the counts whole: each is changed in one step.
+    TURNS.lock().unwrap_or_else(|e| e.into_inner())
+}
 
 /// Where each test's minutes go, when set: a line `seconds<TAB>test` per test (what the suite
 /// costs is CI's budget, docs/testing.md "Time"; libtest prints no durations on stable).
@@ -82,7 +87,7 @@ impl Turn {
 impl Drop for Turn {
     fn drop(&mut self) {
         self.record();
-        let mut turns = TURNS.lock().unwrap_or_else(|e| e.into_inner());
+        let mut turns = turns();
         if self.alone {
             turns.alone = false;
         } else {
@@ -94,7 +99,7 @@ impl Drop for Turn {
 
 /// A test that shares the machine with the others; waits while one runs `alone`.
 fn beside() -> Turn {
-    let mut turns = TURNS.lock().unwrap_or_else(|e| e.into_inner());
+    let mut turns = turns();
     while turns.alone || turns.alone_waiting > 0 {
         turns = TURN_ENDED.wait(turns).unwrap_or_else(|e| e.into_inner());
     }
@@ -106,7 +111,7 @@ fn beside() -> Turn {
 /// disturb): it waits for every test `beside` to end, none starts until it has ended, and the
 /// shared clusters no test holds are stopped first.
 fn alone() -> Turn {
-    let mut turns = TURNS.lock().unwrap_or_else(|e| e.into_inner());
+    let mut turns = turns();
     turns.alone_waiting += 1;
     while turns.alone || turns.beside > 0 {
         turns = TURN_ENDED.wait(turns).unwrap_or_else(|e| e.into_inner());
