@@ -19,12 +19,26 @@ const SHIM_SOURCE: &str = include_str!("clock_skew.c");
 /// The environment variable the shim reads the offset file's path from.
 pub const SKEW_FILE_ENV: &str = "LOCKEDJOB_CLOCK_SKEW_FILE";
 
+/// Where this process builds the shim; removed when the process exits.
+static SHIM_DIR: OnceLock<PathBuf> = OnceLock::new();
+
+extern "C" fn remove_shim_dir() {
+    if let Some(dir) = SHIM_DIR.get() {
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
+
 /// Builds the shim once per process (with the C compiler every Rust toolchain needs anyway).
 fn shim() -> Result<&'static Path, HarnessError> {
     static SHIM: OnceLock<Result<PathBuf, String>> = OnceLock::new();
     SHIM.get_or_init(|| {
-        let dir = std::env::temp_dir().join(format!("lockedjob-clock-shim-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+        let dir = SHIM_DIR.get_or_init(|| {
+            std::env::temp_dir().join(format!("lockedjob-clock-shim-{}", std::process::id()))
+        });
+        // Removed at exit, or every test process leaves a directory in /tmp.
+        // SAFETY: registers a plain extern "C" function with no arguments.
+        unsafe { libc::atexit(remove_shim_dir) };
+        std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
         let source = dir.join("clock_skew.c");
         let library = dir.join("clock_skew.so");
         std::fs::write(&source, SHIM_SOURCE).map_err(|e| e.to_string())?;
