@@ -102,16 +102,25 @@ go_checks() {
   done
 }
 
-static_checks() {
+format_checks() {
   cargo fmt --all -- --check
   # The fuzz targets are their own workspace (nightly, scripts/fuzz.sh); keep them formatted too.
   cargo fmt --manifest-path fuzz/Cargo.toml -- --check
   cargo machete
+}
+
+# Clippy and rustdoc compile in check mode, which the test build cannot share (docs/testing.md,
+# "Build settings"): they get a target directory of their own, so that they can run beside it.
+compile_checks() {
+  local started
+  started=$(date +%s)
+  export CARGO_TARGET_DIR="$PWD/target/checks"
   cargo clippy --locked --workspace --all-targets -- -D warnings
   # Every crate's rustdoc must build clean (the lock engine is a library of its own). The whole
   # workspace: `-p lockedjob-redlock` alone re-checked the dependencies for its features (110 s
   # against 34 s for all five crates).
   RUSTDOCFLAGS="-D warnings" cargo doc --locked --workspace --no-deps --quiet
+  echo "== clippy, rustdoc: $(($(date +%s) - started)) s"
 }
 
 # The hermetic tier: every test that needs no root, cluster, Redis or tool beyond the
@@ -130,28 +139,55 @@ redis_tier() {
   cargo test --locked --workspace --bench redlock
 }
 
+# The clusters of the soak, of localcluster's tests and of the benches' smoke passes run beside
+# the kubernetes binary's (the tier leaves about three quarters of the two cores idle): they
+# hold a shared lock on a file whose exclusive lock the binary's heavy tests take, so the load
+# test and the five-node chart never share the machine with them (docs/testing.md,
+# "Scheduling"). Host cleanup is checked last, with no other cluster running.
 kubernetes_tier() {
-  local times status=0
+  local times lock lane lane_lock status=0 beside_status=0
   times="$(mktemp)"
-  LOCKEDJOB_TEST_TIMES="$times" cargo test --locked --workspace --test kubernetes \
-    --test cluster --test real_node --test real_node_cleanup --test soak -- --include-ignored \
-    || status=$?
+  lock="$(mktemp)"
+  lane="$background/beside.log"
+  exec {lane_lock}>"$lock"
+  flock --shared "$lane_lock"
+  # The lane, a process group of its own, keeps the lock until it ends; the commands it runs
+  # (and what they might leave behind) do not inherit it.
+  setsid -w bash -c "set -e
+    cargo test --locked --workspace --test soak --test cluster --test real_node \\
+      -- --include-ignored ${lane_lock}>&-
+    cargo test --locked --workspace --bench operator --bench elect ${lane_lock}>&-" \
+    >"$lane" 2>&1 &
+  beside_lane=$!
+  exec {lane_lock}>&-
+  echo "== beside the kubernetes binary: the soak, localcluster's tests, the benches' smoke passes (log $lane)"
+  LOCKEDJOB_ALONE_LOCK="$lock" LOCKEDJOB_TEST_TIMES="$times" cargo test --locked --workspace \
+    --test kubernetes -- --include-ignored || status=$?
   # Printed on failure too, when it is wanted most.
   echo "== the kubernetes binary's slowest tests (seconds, from each test's turn)"
   sort -rn "$times" | head -n 12
-  rm -f "$times"
-  [ "$status" -eq 0 ] || return "$status"
-  cargo test --locked --workspace --bench operator --bench elect
+  rm -f "$times" "$lock"
+  wait "$beside_lane" || beside_status=$?
+  beside_lane=""
+  echo "== the lane beside it:"
+  if [ "$beside_status" -eq 0 ]; then grep -E '^(test result|     Running)' "$lane"; else cat "$lane"; fi
+  [ "$status" -eq 0 ] && [ "$beside_status" -eq 0 ] || return 1
+  cargo test --locked --workspace --test real_node_cleanup -- --include-ignored
 }
 
+go_build=""
 image_build=""
+checks_build=""
+beside_lane=""
+background="$(mktemp -d)"
+# Each job is cleared once reaped, so the trap never signals a process group that reused its id.
+trap 'for group in $go_build $image_build $checks_build $beside_lane; do kill -TERM -- "-$group" 2>/dev/null || true; done; rm -rf "$background"' EXIT
 if wants kubernetes; then
   if [ "$(id -u)" -ne 0 ]; then
     echo "error: the Kubernetes tier starts real nodes and needs root" >&2
     exit 1
   fi
   step "install: the Kubernetes tier" install_kubernetes
-  background="$(mktemp -d)"
   # Both builds run in the background, in process groups of their own, beside the checks and
   # the tests' compilation; a check that fails below ends the run and stops them.
   echo "== the Go builds (scripts/k8s-bins.sh, scripts/go-tool.sh; in the background, log $background/go.log)"
@@ -162,13 +198,21 @@ if wants kubernetes; then
   echo "== the operator image from the Dockerfile (scripts/image.sh, in the background; log $background/image.log)"
   setsid -w scripts/image.sh >"$background/image.log" 2>&1 &
   image_build=$!
-  # Each is cleared once reaped, so the trap never signals a process group that reused its id.
-  trap 'for group in $go_build $image_build; do kill -TERM -- "-$group" 2>/dev/null || true; done; rm -rf "$background"' EXIT
 fi
 if wants redis || wants kubernetes; then step "install: the Redis tier" install_redis; fi
 if wants checks; then
   step "install: the checks" install_checks
-  step "fmt, machete, clippy, rustdoc" static_checks
+  step "fmt, machete" format_checks
+  if [ "$tier" = all ]; then
+    # At the lowest CPU priority, beside the build and the tiers: the Kubernetes tier leaves
+    # about three quarters of the two cores idle (docs/testing.md, "Time"). Read at the end.
+    echo "== clippy, rustdoc (nice 19, in the background; log $background/checks.log)"
+    setsid -w nice -n 19 bash -c "set -euo pipefail; $(declare -f compile_checks); compile_checks" \
+      >"$background/checks.log" 2>&1 &
+    checks_build=$!
+  else
+    step "clippy, rustdoc" compile_checks
+  fi
 fi
 
 # One build of every test target and bench, so the tiers below only run.
@@ -178,7 +222,7 @@ step "build the tests" cargo test --locked --workspace "${targets[@]}" --no-run
 
 if wants checks; then step "hermetic tier" hermetic_tier; fi
 if [ -n "$image_build" ]; then
-  # The tiers below are about timing under faults: they run on a quiet machine.
+  # The tiers below are about timing under faults: no build at normal priority runs beside them.
   wait_for "$go_build" "$background/go.log" "the Go builds"
   go_build=""
   grep -h '^\[' "$background/go.log" | grep -v downloading | tail -n4 || true
@@ -194,3 +238,8 @@ if [ -n "$image_build" ]; then
 fi
 if wants redis; then step "redis tier" redis_tier; fi
 if wants kubernetes; then step "kubernetes tier" kubernetes_tier; fi
+if [ -n "$checks_build" ]; then
+  wait_for "$checks_build" "$background/checks.log" "clippy and rustdoc"
+  checks_build=""
+  grep '^== clippy' "$background/checks.log" || true
+fi

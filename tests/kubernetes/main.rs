@@ -19,7 +19,7 @@ mod operator_scale;
 mod real_node_chart;
 mod real_node_leader;
 
-use std::sync::{Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 
 /// Who has the machine: tests running `beside` one another (how many, libtest's threads
 /// decide), or one test `alone`.
@@ -46,10 +46,41 @@ fn turns() -> MutexGuard<'static, Turns> {
 /// costs is CI's budget, docs/testing.md "Time"; libtest prints no durations on stable).
 const TIMES_ENV: &str = "LOCKEDJOB_TEST_TIMES";
 
+/// A file that other processes hold a shared lock on while they run clusters beside this one
+/// (`scripts/test.sh` runs the soak and localcluster's tests so): a test `alone` takes it
+/// exclusively, so it waits for them and none starts until it has ended.
+const ALONE_LOCK_ENV: &str = "LOCKEDJOB_ALONE_LOCK";
+
+/// The exclusive lock on [`ALONE_LOCK_ENV`]'s file, when set: one for the whole process,
+/// shared by its tests (an exclusive `flock` taken twice by one process would wait for itself),
+/// and released when the last of them drops it.
+fn machine_to_ourselves() -> Option<Arc<std::fs::File>> {
+    static HELD: Mutex<Weak<std::fs::File>> = Mutex::new(Weak::new());
+    let path = std::env::var_os(ALONE_LOCK_ENV)?;
+    // Held while waiting for the lock: a second caller would wait for it anyway.
+    let mut held = HELD.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(file) = held.upgrade() {
+        return Some(file);
+    }
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .unwrap_or_else(|e| panic!("{ALONE_LOCK_ENV}: cannot open {path:?}: {e}"));
+    file.lock()
+        .unwrap_or_else(|e| panic!("{ALONE_LOCK_ENV}: cannot lock {path:?}: {e}"));
+    let file = Arc::new(file);
+    *held = Arc::downgrade(&file);
+    Some(file)
+}
+
 /// A test's hold on the machine, for the whole test; given back when dropped.
 struct Turn {
     alone: bool,
     started: std::time::Instant,
+    /// Held by a test `alone` for as long as it runs.
+    _machine: Option<Arc<std::fs::File>>,
 }
 
 impl Turn {
@@ -57,6 +88,7 @@ impl Turn {
         Self {
             alone,
             started: std::time::Instant::now(),
+            _machine: None,
         }
     }
 
@@ -107,9 +139,19 @@ fn beside() -> Turn {
     Turn::new(false)
 }
 
+/// A test on a cluster that takes every slot (five nodes): beside this process's tests, as
+/// the slot board allows, but with no other process's clusters running ([`ALONE_LOCK_ENV`]).
+fn heavy() -> Turn {
+    let mut turn = beside();
+    turn._machine = machine_to_ourselves();
+    turn.started = std::time::Instant::now();
+    turn
+}
+
 /// A test that must have the machine to itself (a load test whose timing the others would
-/// disturb): it waits for every test `beside` to end, none starts until it has ended, and the
-/// shared clusters no test holds are stopped first.
+/// disturb): it waits for every test `beside` to end, none starts until it has ended, the
+/// shared clusters no test holds are stopped first, and other processes' clusters have ended
+/// ([`ALONE_LOCK_ENV`]).
 fn alone() -> Turn {
     let mut turns = turns();
     turns.alone_waiting += 1;
@@ -121,5 +163,10 @@ fn alone() -> Turn {
     drop(turns);
     // The clusters other tests left up would run beside it: stopped (they start again later).
     localcluster::stop_idle_shared();
-    Turn::new(true)
+    // Made first, so that a panic below gives the turn back.
+    let mut turn = Turn::new(true);
+    // Then the clusters of other processes: wait for them to end.
+    turn._machine = machine_to_ourselves();
+    turn.started = std::time::Instant::now();
+    turn
 }

@@ -351,7 +351,7 @@ async fn job_succeeded(client: &kube::Client, ns: &str, name: &str) -> Option<bo
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "kubernetes tier: root and a local cluster; run with scripts/test.sh kubernetes"]
 async fn the_charts_defaults_run_on_a_real_node_in_a_restricted_namespace() {
-    let _turn = crate::beside();
+    let _turn = crate::heavy();
     let cluster = &cluster().await;
     let client = cluster.client().await.expect("client");
     let ns = restricted_namespace(&client, "locks").await;
@@ -814,7 +814,7 @@ async fn governing_services(client: &kube::Client, ns: &str) -> BTreeMap<String,
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "kubernetes tier: root and a local cluster; run with scripts/test.sh kubernetes"]
 async fn an_install_of_the_previous_chart_upgrades_and_migrates_to_headless_services() {
-    let _turn = crate::beside();
+    let _turn = crate::heavy();
     let cluster = &cluster().await;
     let client = cluster.client().await.expect("client");
     let ns = restricted_namespace(&client, "upgrade").await;
