@@ -66,8 +66,9 @@ fn io(what: &'static str) -> impl FnOnce(std::io::Error) -> Error {
 }
 
 /// Saves the kernel settings, and which fixed paths do not exist yet, unless a running node
-/// saved them already. Called before the first node on the machine makes its namespace.
-pub fn save_host_state() -> Result<(), Error> {
+/// saved them already. Called, under the [`HostLock`], before the first node on the machine
+/// makes its namespace.
+pub fn save_host_state(_locked: &HostLock) -> Result<(), Error> {
     std::fs::create_dir_all(STATE_ROOT).map_err(io("create /run/localcluster"))?;
     if saved_settings().exists() {
         return Ok(());
@@ -160,6 +161,21 @@ fn remove_fixed_path_entries(subnets: &Subnets, cluster_dir: Option<&Path>) {
     }
 }
 
+/// The host's shared state (the saved settings, the state directories), locked across
+/// processes and threads while a cluster is set up or released: the last node of one test
+/// process stopping must not put the host back while another process sets up its first.
+/// The lock is on `/run` itself, so that no lock file stays behind. Released when dropped.
+pub struct HostLock {
+    _run: std::fs::File,
+}
+
+/// Waits for [`HostLock`].
+pub fn lock_host() -> Result<HostLock, Error> {
+    let run = std::fs::File::open("/run").map_err(io("open /run to lock the host's state"))?;
+    run.lock().map_err(io("lock /run"))?;
+    Ok(HostLock { _run: run })
+}
+
 /// Records this process as the node's owner and where its directory is.
 pub fn claim(subnets: &Subnets, cluster_dir: &Path) -> Result<(), Error> {
     let dir = state_dir(subnets);
@@ -168,8 +184,9 @@ pub fn claim(subnets: &Subnets, cluster_dir: &Path) -> Result<(), Error> {
     std::fs::write(dir.join("owner"), record).map_err(io("record the node's owner"))
 }
 
-/// Cleans up after nodes whose owner process is gone (killed before it could).
-pub fn reclaim_stale() {
+/// Cleans up after nodes whose owner process is gone (killed before it could). The caller
+/// holds the [`HostLock`].
+pub fn reclaim_stale(_locked: &HostLock) {
     let Ok(entries) = std::fs::read_dir(STATE_ROOT) else {
         return;
     };
@@ -189,7 +206,7 @@ pub fn reclaim_stale() {
         }
         let cluster_dir = lines.next().map(PathBuf::from);
         eprintln!("localcluster: cleaning up node lj{index}, whose owner is gone");
-        release(&Subnets { index }, cluster_dir.as_deref());
+        release_locked(&Subnets { index }, cluster_dir.as_deref());
     }
 }
 
@@ -229,8 +246,19 @@ fn hierarchies() -> Vec<PathBuf> {
 /// Kills whatever still runs in the node's cgroups and network namespace, unmounts everything
 /// under the node's directories, removes its cgroups, state and network and, if it was the
 /// last node, puts the host back. Best effort: each step reports its own failure and the
-/// next one runs.
+/// next one runs, unlocked if the lock cannot be had.
 pub fn release(subnets: &Subnets, cluster_dir: Option<&Path>) {
+    let locked = lock_host();
+    if let Err(e) = &locked {
+        eprintln!(
+            "localcluster: releasing lj{} without the host lock: {e}",
+            subnets.index
+        );
+    }
+    release_locked(subnets, cluster_dir);
+}
+
+fn release_locked(subnets: &Subnets, cluster_dir: Option<&Path>) {
     kill_cgroup_processes(subnets);
     kill_namespace_processes(subnets);
     let state = state_dir(subnets);
@@ -382,6 +410,27 @@ fn unescape_mount_point(field: &str) -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Two test processes set clusters up and release them at once (scripts/test.sh): while
+    /// one holds the host, another waits (a thread here; flock keeps them apart the same way).
+    #[test]
+    fn a_second_holder_of_the_host_waits_for_the_first() {
+        let first = lock_host().expect("lock the host");
+        let (tx, rx) = std::sync::mpsc::channel();
+        let second = std::thread::spawn(move || {
+            let locked = lock_host().expect("lock the host");
+            tx.send(()).expect("send");
+            drop(locked);
+        });
+        assert!(
+            rx.recv_timeout(Duration::from_millis(300)).is_err(),
+            "the second got the host while the first held it"
+        );
+        drop(first);
+        rx.recv_timeout(Duration::from_secs(10))
+            .expect("the second gets the host once the first lets go");
+        second.join().expect("join");
+    }
 
     #[test]
     fn mount_points_are_unescaped() {

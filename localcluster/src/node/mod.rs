@@ -48,8 +48,9 @@ pub fn prepare(cluster_dir: &Path, nodes: u8) -> Result<PreparedNodes, Error> {
             "a real node needs root (network namespaces, cgroups, mounts); run as root or use the node agent".into(),
         ));
     }
-    host::reclaim_stale();
-    host::save_host_state()?;
+    let locked = host::lock_host()?;
+    host::reclaim_stale(&locked);
+    host::save_host_state(&locked)?;
     let network = NodeNetwork::create(nodes)?;
     let registry_port = crate::free_port().map_err(|e| Error::io("find a free port", e))?;
     let prepared = PreparedNodes {
@@ -57,8 +58,12 @@ pub fn prepare(cluster_dir: &Path, nodes: u8) -> Result<PreparedNodes, Error> {
         network,
         cluster_dir: cluster_dir.to_path_buf(),
     };
-    // From here on, dropping `prepared` (on any error) removes what was made.
-    host::claim(&prepared.network.subnets, cluster_dir)?;
+    // From here on, dropping `prepared` (on any error) removes what was made; the lock goes
+    // first, as that release takes it again.
+    if let Err(e) = host::claim(&prepared.network.subnets, cluster_dir) {
+        drop(locked);
+        return Err(e);
+    }
     Ok(prepared)
 }
 
