@@ -80,6 +80,14 @@ go_builds() {
     "$k8s" "$peer" "$crds" >"$out"
 }
 
+# niced COMMAND...: runs COMMAND in a session of its own (a process group the EXIT trap can
+# stop) at the lowest CPU priority. A session is a scheduling group of its own (autogroup), and
+# nice counts only inside a group: the group's nice is set too.
+niced() {
+  setsid -w nice -n 19 bash -c 'echo 19 >/proc/self/autogroup 2>/dev/null || true; exec "$@"' \
+    niced "$@"
+}
+
 # Waits for the background job PID (its output in LOG), failing the run with its log if it did.
 wait_for() {
   local pid="$1" log="$2" what="$3" started
@@ -110,9 +118,9 @@ format_checks() {
 }
 
 # Clippy and rustdoc compile in check mode, which the test build cannot share (docs/testing.md,
-# "Build settings"): they get a target directory of their own, so that they can run beside it.
-compile_checks() {
-  local started
+# "Build settings"): a target directory of their own lets them run beside it. A subshell, so
+# that the directory stays theirs.
+compile_checks() (
   started=$(date +%s)
   export CARGO_TARGET_DIR="$PWD/target/checks"
   cargo clippy --locked --workspace --all-targets -- -D warnings
@@ -121,6 +129,15 @@ compile_checks() {
   # against 34 s for all five crates).
   RUSTDOCFLAGS="-D warnings" cargo doc --locked --workspace --no-deps --quiet
   echo "== clippy, rustdoc: $(($(date +%s) - started)) s"
+)
+
+# When the background checks have ended, their verdict now: a failure ends the run early.
+collect_checks() {
+  if [ -n "$checks_build" ] && ! kill -0 "$checks_build" 2>/dev/null; then
+    wait_for "$checks_build" "$background/checks.log" "clippy and rustdoc"
+    checks_build=""
+    grep '^== clippy' "$background/checks.log" || true
+  fi
 }
 
 # The hermetic tier: every test that needs no root, cluster, Redis or tool beyond the
@@ -145,7 +162,7 @@ redis_tier() {
 # test and the five-node chart never share the machine with them (docs/testing.md,
 # "Scheduling"). Host cleanup is checked last, with no other cluster running.
 kubernetes_tier() {
-  local times lock lane lane_lock status=0 beside_status=0
+  local times lock lane lane_lock beside_lane status=0 beside_status=0
   times="$(mktemp)"
   lock="$(mktemp)"
   lane="$background/beside.log"
@@ -168,9 +185,12 @@ kubernetes_tier() {
   sort -rn "$times" | head -n 12
   rm -f "$times" "$lock"
   wait "$beside_lane" || beside_status=$?
-  beside_lane=""
   echo "== the lane beside it:"
-  if [ "$beside_status" -eq 0 ]; then grep -E '^(test result|     Running)' "$lane"; else cat "$lane"; fi
+  if [ "$beside_status" -eq 0 ]; then
+    grep -E '^(test result|     Running)' "$lane" || true
+  else
+    cat "$lane"
+  fi
   [ "$status" -eq 0 ] && [ "$beside_status" -eq 0 ] || return 1
   cargo test --locked --workspace --test real_node_cleanup -- --include-ignored
 }
@@ -178,10 +198,10 @@ kubernetes_tier() {
 go_build=""
 image_build=""
 checks_build=""
-beside_lane=""
 background="$(mktemp -d)"
-# Each job is cleared once reaped, so the trap never signals a process group that reused its id.
-trap 'for group in $go_build $image_build $checks_build $beside_lane; do kill -TERM -- "-$group" 2>/dev/null || true; done; rm -rf "$background"' EXIT
+# Each background job leads a process group of its own (setsid); only those still running are
+# signalled, so the trap never reaches a group that reused a finished job's id.
+trap 'for group in $(jobs -pr); do kill -TERM -- "-$group" 2>/dev/null || true; done; rm -rf "$background"' EXIT
 if wants kubernetes; then
   if [ "$(id -u)" -ne 0 ]; then
     echo "error: the Kubernetes tier starts real nodes and needs root" >&2
@@ -189,14 +209,17 @@ if wants kubernetes; then
   fi
   step "install: the Kubernetes tier" install_kubernetes
   # Both builds run in the background, in process groups of their own, beside the checks and
-  # the tests' compilation; a check that fails below ends the run and stops them.
+  # the tests' compilation; a check that fails below ends the run and stops them. The tiers
+  # wait for the Go builds.
   echo "== the Go builds (scripts/k8s-bins.sh, scripts/go-tool.sh; in the background, log $background/go.log)"
   setsid -w bash -c "set -euo pipefail; $(declare -f go_builds go_checks); go_builds $background/go.env" \
     >"$background/go.log" 2>&1 &
   go_build=$!
-  # The image (cold, a 10-minute release build); its image and chart tests find it cached.
-  echo "== the operator image from the Dockerfile (scripts/image.sh, in the background; log $background/image.log)"
-  setsid -w scripts/image.sh >"$background/image.log" 2>&1 &
+  # The image (cold, a 10-minute release build) at the lowest priority: only the image test and
+  # the chart on real nodes need it, and they wait for this build (scripts/image.sh builds one
+  # at a time) and find it cached.
+  echo "== the operator image from the Dockerfile (scripts/image.sh, niced in the background; log $background/image.log)"
+  niced scripts/image.sh >"$background/image.log" 2>&1 &
   image_build=$!
 fi
 if wants redis || wants kubernetes; then step "install: the Redis tier" install_redis; fi
@@ -205,9 +228,9 @@ if wants checks; then
   step "fmt, machete" format_checks
   if [ "$tier" = all ]; then
     # At the lowest CPU priority, beside the build and the tiers: the Kubernetes tier leaves
-    # about three quarters of the two cores idle (docs/testing.md, "Time"). Read at the end.
-    echo "== clippy, rustdoc (nice 19, in the background; log $background/checks.log)"
-    setsid -w nice -n 19 bash -c "set -euo pipefail; $(declare -f compile_checks); compile_checks" \
+    # about three quarters of the two cores idle (docs/testing.md, "Time").
+    echo "== clippy, rustdoc (niced in the background; log $background/checks.log)"
+    niced bash -c "set -euo pipefail; $(declare -f compile_checks); compile_checks" \
       >"$background/checks.log" 2>&1 &
     checks_build=$!
   else
@@ -219,9 +242,10 @@ fi
 targets=(--lib --bins --tests)
 if wants redis || wants kubernetes; then targets=(--all-targets); fi
 step "build the tests" cargo test --locked --workspace "${targets[@]}" --no-run
+collect_checks
 
 if wants checks; then step "hermetic tier" hermetic_tier; fi
-if [ -n "$image_build" ]; then
+if [ -n "$go_build" ]; then
   # The tiers below are about timing under faults: no build at normal priority runs beside them.
   wait_for "$go_build" "$background/go.log" "the Go builds"
   go_build=""
@@ -232,14 +256,20 @@ if [ -n "$image_build" ]; then
   set +a
   # helm and kubectl for the chart and kubectl tests: the ones built with the control plane.
   export PATH="$LOCKEDJOB_K8S_BIN:$PATH"
+fi
+if wants redis; then
+  collect_checks
+  step "redis tier" redis_tier
+fi
+if wants kubernetes; then
+  collect_checks
+  step "kubernetes tier" kubernetes_tier
+fi
+if [ -n "$image_build" ]; then
   wait_for "$image_build" "$background/image.log" "scripts/image.sh"
-  image_build=""
   grep '^\[image\]' "$background/image.log" | tail -n1 || true
 fi
-if wants redis; then step "redis tier" redis_tier; fi
-if wants kubernetes; then step "kubernetes tier" kubernetes_tier; fi
 if [ -n "$checks_build" ]; then
   wait_for "$checks_build" "$background/checks.log" "clippy and rustdoc"
-  checks_build=""
   grep '^== clippy' "$background/checks.log" || true
 fi

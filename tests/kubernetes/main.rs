@@ -47,8 +47,8 @@ fn turns() -> MutexGuard<'static, Turns> {
 const TIMES_ENV: &str = "LOCKEDJOB_TEST_TIMES";
 
 /// A file that other processes hold a shared lock on while they run clusters beside this one
-/// (`scripts/test.sh` runs the soak and localcluster's tests so): a test `alone` takes it
-/// exclusively, so it waits for them and none starts until it has ended.
+/// (`scripts/test.sh` runs the soak and localcluster's tests so): the tests `alone` and
+/// `heavy` take it exclusively, so they wait for those to end and none starts meanwhile.
 const ALONE_LOCK_ENV: &str = "LOCKEDJOB_ALONE_LOCK";
 
 /// The exclusive lock on [`ALONE_LOCK_ENV`]'s file, when set: one for the whole process,
@@ -79,7 +79,7 @@ fn machine_to_ourselves() -> Option<Arc<std::fs::File>> {
 struct Turn {
     alone: bool,
     started: std::time::Instant,
-    /// Held by a test `alone` for as long as it runs.
+    /// Held by a test `alone` or `heavy` for as long as it runs.
     _machine: Option<Arc<std::fs::File>>,
 }
 
@@ -149,10 +149,11 @@ fn heavy() -> Turn {
 }
 
 /// A test that must have the machine to itself (a load test whose timing the others would
-/// disturb): it waits for every test `beside` to end, none starts until it has ended, the
-/// shared clusters no test holds are stopped first, and other processes' clusters have ended
-/// ([`ALONE_LOCK_ENV`]).
+/// disturb): other processes' clusters end first ([`ALONE_LOCK_ENV`]; this process's tests go
+/// on meanwhile), then it waits for every test `beside` to end, none starts until it has ended,
+/// and the shared clusters no test holds are stopped.
 fn alone() -> Turn {
+    let machine = machine_to_ourselves();
     let mut turns = turns();
     turns.alone_waiting += 1;
     while turns.alone || turns.beside > 0 {
@@ -161,12 +162,11 @@ fn alone() -> Turn {
     turns.alone_waiting -= 1;
     turns.alone = true;
     drop(turns);
+    // Made before anything that may panic, so that the turn is given back.
+    let mut turn = Turn::new(true);
+    turn._machine = machine;
     // The clusters other tests left up would run beside it: stopped (they start again later).
     localcluster::stop_idle_shared();
-    // Made first, so that a panic below gives the turn back.
-    let mut turn = Turn::new(true);
-    // Then the clusters of other processes: wait for them to end.
-    turn._machine = machine_to_ourselves();
     turn.started = std::time::Instant::now();
     turn
 }
