@@ -230,10 +230,12 @@ if wants checks; then
   step "fmt, machete" format_checks
   if [ "$tier" = all ]; then
     # At the lowest CPU priority, beside the build and the tiers: the Kubernetes tier leaves
-    # about three quarters of the two cores idle (docs/testing.md, "Time").
-    echo "== clippy, rustdoc (niced in the background; log $background/checks.log)"
-    niced bash -c "set -euo pipefail; $(declare -f compile_checks); compile_checks" \
-      >"$background/checks.log" 2>&1 &
+    # about three quarters of the two cores idle (docs/testing.md, "Time"). After the image,
+    # which two tests wait for (a cold one takes about 10 minutes on a fresh machine).
+    echo "== clippy, rustdoc (niced in the background, after the image; log $background/checks.log)"
+    niced bash -c "set -euo pipefail
+      while [ -n '$image_build' ] && kill -0 '$image_build' 2>/dev/null; do sleep 5; done
+      $(declare -f compile_checks); compile_checks" >"$background/checks.log" 2>&1 &
     checks_build=$!
   else
     step "clippy, rustdoc" compile_checks

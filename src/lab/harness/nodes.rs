@@ -161,7 +161,7 @@ impl RedisNode {
                     return false; // exited, e.g. the port was taken
                 }
             }
-            if self.ping() || self.accepts_tls_connections() {
+            if self.answers_as_ours() || self.accepts_tls_connections() {
                 return true;
             }
             std::thread::sleep(Duration::from_millis(10));
@@ -218,6 +218,18 @@ impl RedisNode {
         self.connection()
             .and_then(|mut c| redis::cmd("PING").query::<String>(&mut c))
             .is_ok()
+    }
+
+    /// Whether the server on our port is our child: two starts can be handed the same free
+    /// port, and the one whose server could not bind it would otherwise take the other's
+    /// answer for its own (two nodes on one port, seen in CI).
+    fn answers_as_ours(&self) -> bool {
+        let Some(pid) = self.child.as_ref().map(Child::id) else {
+            return false;
+        };
+        let ours = format!("process_id:{pid}");
+        self.command::<String>(&["INFO", "server"])
+            .is_ok_and(|info| info.lines().any(|line| line.trim() == ours))
     }
 
     /// For TLS nodes whose certificate the harness cannot verify (expired, or for another
