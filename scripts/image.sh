@@ -18,6 +18,9 @@
 #          of stdout is that path, so `archive=$(scripts/image.sh | tail -n1)` works.
 # Cache: $LOCKEDJOB_IMAGE_CACHE (default ~/.cache/lockedjob/images): buildah's storage, the
 # build log. Mirror: $LOCKEDJOB_DEBIAN_MIRROR (default http://deb.debian.org/debian). Needs root.
+# $LOCKEDJOB_IMAGE_CPU_SHARES: the build containers' CPU weight (buildah --cpu-shares; default
+# 1024). A container is a cgroup of its own, beyond nice's reach: scripts/test.sh sets 2 so
+# that the build yields to the tests.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 repo="$(dirname "$here")"
@@ -177,7 +180,8 @@ fi
 # compiled) and drops only what earlier builds left.
 build_stage="localhost/lockedjob-operator-build:cache"
 bud() {
-  b bud --pull=never --layers --network=host -f "$repo/Dockerfile" "$@" "$repo" >>"$log" 2>&1
+  b bud --pull=never --layers --network=host --cpu-shares "${LOCKEDJOB_IMAGE_CPU_SHARES:-1024}" \
+    -f "$repo/Dockerfile" "$@" "$repo" >>"$log" 2>&1
 }
 progress "buildah bud $repo/Dockerfile -> $tag (a cold release build takes about 10 minutes on 2 cores)"
 bud --target build --tag "$build_stage"

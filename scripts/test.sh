@@ -221,7 +221,7 @@ if wants kubernetes; then
   # the chart on real nodes need it, and they wait for this build (scripts/image.sh builds one
   # at a time) and find it cached.
   echo "== the operator image from the Dockerfile (scripts/image.sh, niced in the background; log $background/image.log)"
-  niced scripts/image.sh >"$background/image.log" 2>&1 &
+  LOCKEDJOB_IMAGE_CPU_SHARES=2 niced scripts/image.sh >"$background/image.log" 2>&1 &
   image_build=$!
 fi
 if wants redis || wants kubernetes; then step "install: the Redis tier" install_redis; fi
