@@ -173,9 +173,11 @@ kubernetes_tier() {
   # on two nodes rather than three: a cluster of one slot, like the binary's (`cargo bench`
   # keeps three).
   setsid -w bash -c "set -e
+    started=\$(date +%s)
     cargo test --locked --workspace --test soak --test cluster --test real_node \\
       -- --include-ignored ${lane_lock}>&-
-    BENCH_REAL_NODES=2 cargo test --locked --workspace --bench operator --bench elect ${lane_lock}>&-" \
+    BENCH_REAL_NODES=2 cargo test --locked --workspace --bench operator --bench elect ${lane_lock}>&-
+    echo \"== the lane: \$((\$(date +%s) - started)) s\"" \
     >"$lane" 2>&1 &
   beside_lane=$!
   exec {lane_lock}>&-
@@ -189,7 +191,7 @@ kubernetes_tier() {
   wait "$beside_lane" || beside_status=$?
   echo "== the lane beside it:"
   if [ "$beside_status" -eq 0 ]; then
-    grep -E '^(test result|     Running)' "$lane" || true
+    grep -E '^(test result|     Running|== )' "$lane" || true
   else
     cat "$lane"
   fi
