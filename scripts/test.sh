@@ -131,13 +131,14 @@ compile_checks() (
   echo "== clippy, rustdoc: $(($(date +%s) - started)) s"
 )
 
-# When the background checks have ended, their verdict now: a failure ends the run early.
+# The background checks' verdict (a failure ends the run, with their log); with `if-ended`,
+# only when they have ended already, so that a failure ends the run early.
 collect_checks() {
-  if [ -n "$checks_build" ] && ! kill -0 "$checks_build" 2>/dev/null; then
-    wait_for "$checks_build" "$background/checks.log" "clippy and rustdoc"
-    checks_build=""
-    grep '^== clippy' "$background/checks.log" || true
-  fi
+  [ -n "$checks_build" ] || return 0
+  if [ "${1:-}" = if-ended ] && kill -0 "$checks_build" 2>/dev/null; then return 0; fi
+  wait_for "$checks_build" "$background/checks.log" "clippy and rustdoc"
+  checks_build=""
+  grep '^== clippy' "$background/checks.log" || true
 }
 
 # The hermetic tier: every test that needs no root, cluster, Redis or tool beyond the
@@ -248,13 +249,12 @@ fi
 targets=(--lib --bins --tests)
 if wants redis || wants kubernetes; then targets=(--all-targets); fi
 step "build the tests" cargo test --locked --workspace "${targets[@]}" --no-run
-collect_checks
+collect_checks if-ended
 
 if wants checks; then step "hermetic tier" hermetic_tier; fi
 if [ -n "$go_build" ]; then
   # The tiers below are about timing under faults: no build at normal priority runs beside them.
   wait_for "$go_build" "$background/go.log" "the Go builds"
-  go_build=""
   grep -h '^\[' "$background/go.log" | grep -v downloading | tail -n4 || true
   set -a
   # shellcheck disable=SC1091
@@ -264,18 +264,15 @@ if [ -n "$go_build" ]; then
   export PATH="$LOCKEDJOB_K8S_BIN:$PATH"
 fi
 if wants redis; then
-  collect_checks
+  collect_checks if-ended
   step "redis tier" redis_tier
 fi
 if wants kubernetes; then
-  collect_checks
+  collect_checks if-ended
   step "kubernetes tier" kubernetes_tier
 fi
 if [ -n "$image_build" ]; then
   wait_for "$image_build" "$background/image.log" "scripts/image.sh"
   grep '^\[image\]' "$background/image.log" | tail -n1 || true
 fi
-if [ -n "$checks_build" ]; then
-  wait_for "$checks_build" "$background/checks.log" "clippy and rustdoc"
-  grep '^== clippy' "$background/checks.log" || true
-fi
+collect_checks

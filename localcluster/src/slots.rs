@@ -1,11 +1,12 @@
 //! How many clusters one process runs at once, and the clusters its tests share.
 //!
 //! Two cores run about two busy real-node clusters side by side (the Kubernetes tier runs a
-//! second process beside the test binary's, its heavy tests kept apart; docs/testing.md). Every [`LocalCluster::start`]
-//! takes a slot first and gives it back when the cluster stops; a start that finds none free
-//! stops a shared cluster no test holds, or waits for one. So a test binary may hold any
-//! number of suites: the runner's threads, not the file layout, decide what overlaps, and
-//! this board keeps the overlap within what the machine holds (docs/testing.md, "Scheduling").
+//! second process beside the test binary's, its heavy tests kept apart; docs/testing.md).
+//! Every [`LocalCluster::start`] takes a slot first and gives it back when the cluster stops;
+//! a start that finds none free stops a shared cluster no test holds, or waits for one. So a
+//! test binary may hold any number of suites: the runner's threads, not the file layout,
+//! decide what overlaps, and this board keeps the overlap within what the machine holds
+//! (docs/testing.md, "Scheduling").
 //!
 //! A cluster of three nodes or more takes every slot: it runs alone.
 

@@ -92,6 +92,14 @@ impl Turn {
         }
     }
 
+    /// The turn, holding `machine` (the other processes' clusters have ended), counted from
+    /// now.
+    fn holding(mut self, machine: Option<Arc<std::fs::File>>) -> Self {
+        self._machine = machine;
+        self.started = std::time::Instant::now();
+        self
+    }
+
     fn record(&self) {
         let Some(path) = std::env::var_os(TIMES_ENV) else {
             return;
@@ -142,10 +150,7 @@ fn beside() -> Turn {
 /// A test on a cluster that takes every slot (five nodes): beside this process's tests, as
 /// the slot board allows, but with no other process's clusters running ([`ALONE_LOCK_ENV`]).
 fn heavy() -> Turn {
-    let mut turn = beside();
-    turn._machine = machine_to_ourselves();
-    turn.started = std::time::Instant::now();
-    turn
+    beside().holding(machine_to_ourselves())
 }
 
 /// A test that must have the machine to itself (a load test whose timing the others would
@@ -163,10 +168,8 @@ fn alone() -> Turn {
     turns.alone = true;
     drop(turns);
     // Made before anything that may panic, so that the turn is given back.
-    let mut turn = Turn::new(true);
-    turn._machine = machine;
+    let turn = Turn::new(true);
     // The clusters other tests left up would run beside it: stopped (they start again later).
     localcluster::stop_idle_shared();
-    turn.started = std::time::Instant::now();
-    turn
+    turn.holding(machine)
 }
