@@ -31,6 +31,11 @@ step() {
   echo "== $name: $(($(date +%s) - started)) s"
 }
 
+# CI keeps a part of a failed run's output: a backtrace per failing test (CI's environment
+# sets RUST_BACKTRACE=1) pushed the second failure's message out of it. The panic's message and
+# place stay; a developer's own RUST_BACKTRACE is left alone.
+if [ "${CI:-}" = true ]; then export RUST_BACKTRACE=0; fi
+
 # Say so, loudly, when a check cannot run, rather than passing without it.
 for check in "cargo fmt --version" "cargo clippy --version"; do
   if ! $check >/dev/null 2>&1; then

@@ -8,7 +8,7 @@ use crate::e2e;
 
 use e2e::{check, clusters, logs_of, Lab};
 use kube::api::{Api, PostParams};
-use lockedjob::api::LockedJob;
+use lockedjob::api::{ConcurrencyPolicy, LockedJob};
 use nix::sys::signal::Signal;
 
 /// Scenario 8: 200 LockedJobs over 3 replicas, each on a one-minute schedule: every LockedJob
@@ -38,6 +38,12 @@ async fn two_hundred(lab: Lab) {
         // can starve the replicas of the cores for seconds, and a
         // starved holder rightly gives its lease up. This scenario is about scale.
         lj.spec.lock.ttl_seconds = c.secs(30.0).as_secs() as i32;
+        // Allow, not the default Forbid: on two cores the node took 90 to 100 s to finish 200
+        // pods (p50, p99 of one run) against a 120 s period, and a CI run where it took longer
+        // saw Forbid rightly drop the next due time (CronJob's semantics, which
+        // `operator_e2e` covers). Under Allow that time waits for the lock, which the run of
+        // the time before holds until its Job finishes, and runs late: still once.
+        lj.spec.concurrency_policy = ConcurrencyPolicy::Allow;
         api.create(&PostParams::default(), &lj)
             .await
             .expect("create");
@@ -101,7 +107,8 @@ async fn two_hundred(lab: Lab) {
     check(&runs).unwrap_or_else(|e| panic!("{e}\n{logs}"));
 
     // Due times with room on both sides: after every object existed (plus a moment for the
-    // watches to deliver them) and early enough to have started before the replicas stopped.
+    // watches to deliver them) and early enough to have started before the replicas stopped,
+    // even late behind a run that held its lock past the next due time.
     let first = (created.as_second() + 2 + period_s - 1) / period_s * period_s;
     // Generous: on two loaded cores, debug-build replicas and the control plane lag by seconds
     // when 200 runs fall due at once (the release benchmark measures the real lag).

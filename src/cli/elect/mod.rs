@@ -395,6 +395,9 @@ impl Sidecar {
         election.elected(lease.token());
         // The pod's marks, once set; until then every renewal tries them again.
         let mut marked = self.show(&lease, LeaseEvent::Held(shown), true).await;
+        // Not `!marked`: an update that timed out may have set the pod's marks before the
+        // Lease's, so routing is withdrawn whenever renewals fail, once per renewal.
+        let mut withdrawn = false;
         let fresh = self
             .record
             .keep_fresh(lease.clone(), *timing, watchdog.subscribe());
@@ -415,12 +418,13 @@ impl Sidecar {
                 () = deleted => break Held::PodDeleted,
                 Some(status) = next_deadline(&mut deadlines, shown.deadline) => {
                     shown = status;
+                    withdrawn = false;
                     marked = self.show(&lease, LeaseEvent::Held(status), !marked).await || marked;
                 }
-                () = tokio::time::sleep_until(unrenewed.into()), if marked && self.mirror.is_some() => {
+                () = tokio::time::sleep_until(unrenewed.into()), if !withdrawn && self.mirror.is_some() => {
                     self.withdraw_routing(shown.deadline).await;
                     // Marked again by the next renewal, if one comes.
-                    marked = false;
+                    (withdrawn, marked) = (true, false);
                 }
             }
         };
