@@ -49,8 +49,18 @@ async fn two_hundred(lab: Lab) {
             .expect("create");
     }
     let created = jiff::Timestamp::now();
-    // Two or three due times of each LockedJob.
-    tokio::time::sleep(c.secs(150.0)).await;
+    // Due times with room on both sides: after every object existed (plus a moment for the
+    // watches to deliver them) and early enough to have started before the replicas stopped,
+    // even late behind a run that held its lock past the next due time. The replicas stop
+    // once two due times of each LockedJob lie in that window (a fixed wait cost a minute and
+    // a half more on average, the kubernetes tier's budget, docs/testing.md "Time").
+    let first = (created.as_second() + 2 + period_s - 1) / period_s * period_s;
+    let room = c.secs(15.0).as_secs() as i64;
+    let stop_at = first + period_s + room + 1;
+    tokio::time::sleep(std::time::Duration::from_secs(
+        (stop_at - jiff::Timestamp::now().as_second()).max(0) as u64,
+    ))
+    .await;
     let stopped = jiff::Timestamp::now();
     for r in &lab.replicas {
         r.signal(Signal::SIGTERM);
@@ -106,13 +116,9 @@ async fn two_hundred(lab: Lab) {
     let logs = logs_of(&lab.replicas);
     check(&runs).unwrap_or_else(|e| panic!("{e}\n{logs}"));
 
-    // Due times with room on both sides: after every object existed (plus a moment for the
-    // watches to deliver them) and early enough to have started before the replicas stopped,
-    // even late behind a run that held its lock past the next due time.
-    let first = (created.as_second() + 2 + period_s - 1) / period_s * period_s;
-    // Generous: on two loaded cores, debug-build replicas and the control plane lag by seconds
-    // when 200 runs fall due at once (the release benchmark measures the real lag).
-    let last = stopped.as_second() - c.secs(15.0).as_secs() as i64;
+    // `room` is generous: on two loaded cores, debug-build replicas and the control plane lag
+    // by seconds when 200 runs fall due at once (the release benchmark measures the real lag).
+    let last = stopped.as_second() - room;
     let due: Vec<i64> = (first..=last).step_by(period_s as usize).collect();
     assert!(!due.is_empty(), "the window holds a due time");
     let mut missing = Vec::new();
