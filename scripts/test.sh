@@ -193,23 +193,23 @@ wait_for_lanes() {
   return "$status"
 }
 
-# The clusters of the soak, of localcluster's tests and of the benches' smoke passes run in two
-# lanes beside the kubernetes binary (the tier leaves about three quarters of the two cores
-# idle): they hold a shared lock on a file whose exclusive
-# lock the binary's heavy tests take, so the load test and the five-node chart never share the
-# machine with them (docs/testing.md, "Scheduling"). Host cleanup is checked last, with no
-# other cluster running.
+# The clusters of the soak, of localcluster's tests and of the benches' smoke passes run in a
+# lane beside the kubernetes binary (the tier leaves about three quarters of the two cores
+# idle): it holds a shared lock on a file whose exclusive lock the binary's heavy tests take,
+# so the load test and the five-node chart never share the machine with it (docs/testing.md,
+# "Scheduling"). Host cleanup is checked last, with no other cluster running.
 kubernetes_tier() {
   local times status=0
   times="$(mktemp)"
   lane_lock_file="$(mktemp)"
-  # The operator bench's smoke pass runs on two nodes rather than three: a cluster of one
-  # slot, like the binary's (`cargo bench` keeps three).
+  # One lane, the benches after the soak: in a second lane they started with the binary, at
+  # the tier's busiest, and the operator bench's smoke pass missed a run (one rehearsal of
+  # three). Its smoke pass runs on two nodes rather than three: a cluster of one slot, like
+  # the binary's (`cargo bench` keeps three).
   start_lane clusters 'cargo test --locked --workspace --test soak --test cluster --test real_node \
-      -- --include-ignored {fd}>&-'
-  start_lane benches 'BENCH_REAL_NODES=2 cargo test --locked --workspace --bench operator \
-    --bench elect {fd}>&-'
-  echo "== beside the kubernetes binary, two lanes (logs in $background): the soak and localcluster's tests; the benches' smoke passes"
+      -- --include-ignored {fd}>&-
+    BENCH_REAL_NODES=2 cargo test --locked --workspace --bench operator --bench elect {fd}>&-'
+  echo "== beside the kubernetes binary, a lane (log in $background): the soak, localcluster's tests, the benches' smoke passes"
   LOCKEDJOB_ALONE_LOCK="$lane_lock_file" LOCKEDJOB_TEST_TIMES="$times" cargo test --locked \
     --workspace --test kubernetes -- --include-ignored || status=$?
   # Printed on failure too, when it is wanted most.
