@@ -162,63 +162,47 @@ redis_tier() {
   cargo test --locked --workspace --bench redlock
 }
 
-# start_lane NAME SCRIPT: runs SCRIPT (bash, `set -e`) beside the kubernetes binary, in a
-# process group of its own that holds a shared lock on $lane_lock_file until it ends; the
-# commands it runs (and what they might leave behind) get `$fd` to close it on.
-lanes=()
-start_lane() {
-  local name="$1" script="$2" fd
-  exec {fd}>"$lane_lock_file"
-  flock --shared "$fd"
-  setsid -w bash -c "set -e; fd=$fd; started=\$(date +%s)
-    $script
-    echo \"== $name: \$((\$(date +%s) - started)) s\"" >"$background/$name.log" 2>&1 &
-  lanes+=("$!:$name")
-  exec {fd}>&-
-}
-
-# Waits for every lane; prints each one's summary, or its whole log when it failed.
-wait_for_lanes() {
-  local lane status=0
-  for lane in "${lanes[@]}"; do
-    echo "== lane: ${lane#*:}"
-    if wait "${lane%%:*}"; then
-      grep -E '^(test result|     Running|== )' "$background/${lane#*:}.log" || true
-    else
-      status=1
-      cat "$background/${lane#*:}.log"
-    fi
-  done
-  lanes=()
-  return "$status"
-}
-
-# The clusters of the soak, of localcluster's tests and of the benches' smoke passes run in a
-# lane beside the kubernetes binary (the tier leaves about three quarters of the two cores
-# idle): it holds a shared lock on a file whose exclusive lock the binary's heavy tests take,
-# so the load test and the five-node chart never share the machine with it (docs/testing.md,
+# The clusters of the soak, of localcluster's tests and of the benches' smoke passes run beside
+# the kubernetes binary's (the tier leaves about three quarters of the two cores idle): they
+# hold a shared lock on a file whose exclusive lock the binary's heavy tests take, so the load
+# test and the five-node chart never share the machine with them (docs/testing.md,
 # "Scheduling"). Host cleanup is checked last, with no other cluster running.
 kubernetes_tier() {
-  local times status=0
+  local times lock lane lane_lock beside_lane status=0 beside_status=0
   times="$(mktemp)"
-  lane_lock_file="$(mktemp)"
-  # One lane, the benches after the soak: in a second lane they started with the binary, at
-  # the tier's busiest, and the operator bench's smoke pass missed a run (one rehearsal of
-  # three). Its smoke pass runs on two nodes rather than three: a cluster of one slot, like
-  # the binary's (`cargo bench` keeps three).
-  start_lane clusters 'cargo test --locked --workspace --test soak --test cluster --test real_node \
-      -- --include-ignored {fd}>&-
-    BENCH_REAL_NODES=2 cargo test --locked --workspace --bench operator --bench elect {fd}>&-'
-  echo "== beside the kubernetes binary, a lane (log in $background): the soak, localcluster's tests, the benches' smoke passes"
-  LOCKEDJOB_ALONE_LOCK="$lane_lock_file" LOCKEDJOB_TEST_TIMES="$times" cargo test --locked \
-    --workspace --test kubernetes -- --include-ignored || status=$?
+  lock="$(mktemp)"
+  lane="$background/beside.log"
+  exec {lane_lock}>"$lock"
+  flock --shared "$lane_lock"
+  # The lane, a process group of its own, keeps the lock until it ends; the commands it runs
+  # (and what they might leave behind) do not inherit it. The benches run after the soak: in
+  # a lane of their own they started with the binary, at the tier's busiest, and the operator
+  # bench's smoke pass missed a run (one rehearsal of three). That pass runs on two nodes
+  # rather than three: a cluster of one slot, like the binary's (`cargo bench` keeps three).
+  setsid -w bash -c "set -e
+    started=\$(date +%s)
+    cargo test --locked --workspace --test soak --test cluster --test real_node \\
+      -- --include-ignored ${lane_lock}>&-
+    BENCH_REAL_NODES=2 cargo test --locked --workspace --bench operator --bench elect ${lane_lock}>&-
+    echo \"== the lane: \$((\$(date +%s) - started)) s\"" \
+    >"$lane" 2>&1 &
+  beside_lane=$!
+  exec {lane_lock}>&-
+  echo "== beside the kubernetes binary: the soak, localcluster's tests, the benches' smoke passes (log $lane)"
+  LOCKEDJOB_ALONE_LOCK="$lock" LOCKEDJOB_TEST_TIMES="$times" cargo test --locked --workspace \
+    --test kubernetes -- --include-ignored || status=$?
   # Printed on failure too, when it is wanted most.
   echo "== the kubernetes binary's slowest tests (seconds, from each test's turn)"
   sort -rn "$times" | head -n 12
-  rm -f "$times"
-  wait_for_lanes || status=1
-  rm -f "$lane_lock_file"
-  [ "$status" -eq 0 ] || return 1
+  rm -f "$times" "$lock"
+  wait "$beside_lane" || beside_status=$?
+  echo "== the lane beside it:"
+  if [ "$beside_status" -eq 0 ]; then
+    grep -E '^(test result|     Running|== )' "$lane" || true
+  else
+    cat "$lane"
+  fi
+  [ "$status" -eq 0 ] && [ "$beside_status" -eq 0 ] || return 1
   cargo test --locked --workspace --test real_node_cleanup -- --include-ignored
 }
 
