@@ -393,14 +393,15 @@ impl Sidecar {
         let mut deadlines = watchdog.subscribe();
         let mut shown = watchdog.status();
         election.elected(lease.token());
+        // The record first: the workload knows it leads before its pod is routed to.
+        let fresh = self
+            .record
+            .keep_fresh(lease.clone(), *timing, watchdog.subscribe());
         // The pod's marks, once set; until then every renewal tries them again.
         let mut marked = self.show(&lease, LeaseEvent::Held(shown), true).await;
         // Not `!marked`: an update that timed out may have set the pod's marks before the
         // Lease's, so routing is withdrawn whenever renewals fail, once per renewal.
         let mut withdrawn = false;
-        let fresh = self
-            .record
-            .keep_fresh(lease.clone(), *timing, watchdog.subscribe());
         let step_down = preference.handover_requested(engine, lock, timing.renew_interval);
         tokio::pin!(step_down);
         let held = loop {
@@ -464,7 +465,8 @@ impl Sidecar {
 
     /// Shows the lease to the pod: on election and renewal the mirrors (with `mark_pod`, the
     /// pod's label and condition too); on the way out `/leader` at once, the pod's marks, then
-    /// the token file. The record itself is kept fresh apart ([`LiveRecord::keep_fresh`]).
+    /// the token file. The record itself is written at election, before the marks, and kept
+    /// fresh apart ([`LiveRecord::keep_fresh`]).
     /// True when the API server took the update.
     async fn show(&self, lease: &Lease, event: LeaseEvent, mark_pod: bool) -> bool {
         if let LeaseEvent::Lost = event {

@@ -158,10 +158,14 @@ impl LiveRecord {
         timing: LeaseTiming,
         statuses: watch::Receiver<LeaseStatus>,
     ) -> Freshness {
+        // Written before this returns, so the workload knows it leads before its pod is
+        // marked and routed to; the task's first tick comes a period later.
+        self.write(&lease, &timing, &statuses.borrow());
         let stop = CancellationToken::new();
         let (record, stopped) = (Arc::clone(self), stop.clone());
         let task = tokio::spawn(async move {
-            let mut ticks = tokio::time::interval(record.validity / 4);
+            let period = record.validity / 4;
+            let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
             ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tokio::select! {
@@ -224,5 +228,48 @@ impl Freshness {
     pub(super) async fn stop(self) {
         self.stop.cancel();
         let _ = self.task.await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::LiveRecord;
+    use crate::lab::harness::{Persistence, RedisNodes};
+    use crate::redlock::{LeaseStatus, LeaseTiming, Redlock, RedlockConfig};
+    use std::time::Duration;
+    use tokio::sync::watch;
+
+    /// The record is there when `keep_fresh` returns, before the sidecar marks its pod: a
+    /// reader that sees the pod (or the Lease) as leader finds `/leader` answering. Written
+    /// only by the task, it lagged the Lease under load (CI, stop 56). A current-thread
+    /// runtime: the task cannot have run before the check.
+    #[tokio::test(flavor = "current_thread")]
+    #[ignore = "redis tier: real redis-server; run with scripts/test.sh redis"]
+    async fn the_record_is_written_before_keep_fresh_returns() {
+        let nodes = RedisNodes::start(1, Persistence::None).expect("start redis-server");
+        let engine = Redlock::new(RedlockConfig::new(nodes.urls())).expect("engine");
+        let ttl = Duration::from_secs(10);
+        let lease = engine.try_acquire("writer", ttl).await.expect("lock");
+        let (_, statuses) = watch::channel(LeaseStatus {
+            deadline: lease.deadline(),
+            renewals: 0,
+            failed_rounds: 0,
+            last_attempt: None,
+        });
+        let (endpoint, shown) = watch::channel(None);
+        let record = LiveRecord::new(None, endpoint, Duration::from_secs(4));
+
+        let fresh = record.keep_fresh(lease.clone(), LeaseTiming::from_ttl(ttl), statuses);
+
+        let written = shown
+            .borrow()
+            .clone()
+            .expect("a record before keep_fresh returns");
+        assert_eq!(
+            (written.holder.as_str(), written.token),
+            (lease.holder(), lease.token())
+        );
+        fresh.stop().await;
+        engine.release(&lease).await;
     }
 }
