@@ -9,10 +9,17 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 /// Defaults of the protocol (docs/design.md).
+/// This one is the default [`RedlockConfig::request_timeout`]: the bound on each request to
+/// one node.
 pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_millis(50);
+/// The default [`RedlockConfig::connect_timeout`]: the bound on opening a connection to a node.
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
+/// The default [`RedlockConfig::drift_factor`]: node clocks may run up to 1 % fast.
 pub const DEFAULT_DRIFT_FACTOR: f64 = 0.01;
+/// The default [`RedlockConfig::key_prefix`].
 pub const DEFAULT_KEY_PREFIX: &str = "lockedjob";
+/// A lease TTL for callers that name none (`lockedjob exec`); the engine itself takes the TTL
+/// on every call and does not use this.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
 /// How often the TLS and password files are read again: a Secret mounted as a volume changes
 /// within about a minute of its update (the kubelet's sync period), so this adds little.
@@ -21,7 +28,10 @@ pub const DEFAULT_RELOAD_INTERVAL: Duration = Duration::from_secs(10);
 /// Credentials applied to every node, overriding any in the URLs (e.g. from a Secret via env).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Credentials {
+    /// The user for AUTH (a Redis ACL user), in place of the URLs' own; `None` keeps theirs.
     pub username: Option<String>,
+    /// The password for AUTH, in place of the URLs' own; `None` keeps theirs. Ignored when
+    /// `password_file` is given.
     pub password: Option<String>,
     /// A file holding the password (a mounted Secret), read again when it changes, so that a
     /// password can be rotated without a restart. Takes the place of `password`.
@@ -56,6 +66,7 @@ impl Credentials {
 pub struct RedlockConfig {
     /// One URL per independent Redis node: `redis://[user:pass@]host:port[/db]` or `rediss://`.
     pub nodes: Vec<String>,
+    /// Credentials for every node, overriding those in the URLs.
     pub credentials: Credentials,
     /// CA bundle and client certificate for `rediss://` nodes.
     pub tls: TlsFiles,
@@ -71,6 +82,7 @@ pub struct RedlockConfig {
     pub retry_count: u32,
     /// Full-jitter backoff between attempts: uniform in `[0, min(max, base * 2^n)]`.
     pub retry_base_delay: Duration,
+    /// Upper bound of the backoff between attempts (the `max` above).
     pub retry_max_delay: Duration,
     /// Keys are `{prefix}:lock:{name}` and `{prefix}:fence:{name}`.
     pub key_prefix: String,
@@ -82,6 +94,10 @@ pub struct RedlockConfig {
 }
 
 impl RedlockConfig {
+    /// A configuration for `nodes` with the defaults: the `DEFAULT_*` timeouts, drift factor,
+    /// key prefix and reload interval, 3 retries with a backoff of 50 ms to 1 s, and
+    /// [`default_holder`] as holder. Nothing is checked until
+    /// [`Redlock::new`](crate::Redlock::new).
     pub fn new(nodes: Vec<String>) -> Self {
         Self {
             nodes,
@@ -256,8 +272,13 @@ fn redact(url: &str) -> String {
 /// up. Validated together because each bound depends on the others.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LeaseTiming {
+    /// The lease TTL, which the two others are checked against: acquire with it (the watchdog
+    /// renews each lease by that lease's own TTL).
     pub ttl: Duration,
+    /// How often the watchdog renews the lease.
     pub renew_interval: Duration,
+    /// How long before the lease's deadline the watchdog declares the lease lost, if no
+    /// renewal has pushed the deadline out by then.
     pub safety_margin: Duration,
 }
 
@@ -285,6 +306,15 @@ impl LeaseTiming {
         }
     }
 
+    /// Checks that TTL, renew interval and safety margin fit together for an engine whose
+    /// drift factor is `drift_factor`.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::ZeroTtl`] for a zero TTL; [`ConfigError::TtlTooShort`] for a TTL under
+    /// 100 ms or at most twice the drift allowance; [`ConfigError::RenewNotBelowTtl`] for a
+    /// renew interval of zero or not below the TTL; [`ConfigError::MarginTooLarge`] when the
+    /// safety margin, the renew interval and the drift allowance together reach the TTL.
     pub fn validate(&self, drift_factor: f64) -> Result<(), ConfigError> {
         if self.ttl.is_zero() {
             return Err(ConfigError::ZeroTtl);

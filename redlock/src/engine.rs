@@ -181,7 +181,13 @@ impl Redlock {
         Ok(engine)
     }
 
-    /// The same engine, but asking nodes one after the other: a baseline for the benchmark.
+    /// For tests and benches: the same engine, but asking nodes one after the other, a
+    /// baseline for the benchmark. Unlike an engine from [`Redlock::new`], it never reads the
+    /// TLS and password files again.
+    ///
+    /// # Errors
+    ///
+    /// Those of [`Redlock::new`]: a [`ConfigError`] when the configuration is invalid.
     pub fn new_sequential(config: RedlockConfig) -> Result<Self, ConfigError> {
         let engine = Self::new(config)?;
         let inner = Arc::try_unwrap(engine.inner).unwrap_or_else(|_| unreachable!("fresh Arc"));
@@ -198,14 +204,19 @@ impl Redlock {
         Arc::downgrade(&self.inner)
     }
 
+    /// The metrics this engine counts into: its own, or those given to
+    /// [`Redlock::with_metrics`].
     pub fn metrics(&self) -> &LockMetrics {
         &self.inner.metrics
     }
 
+    /// The configuration the engine was built with.
     pub fn config(&self) -> &RedlockConfig {
         &self.inner.config
     }
 
+    /// How many nodes must agree: a strict majority of the configured nodes (`n / 2 + 1`), so
+    /// that any two quorums share a node.
     pub fn quorum(&self) -> usize {
         self.inner.quorum
     }
@@ -215,10 +226,13 @@ impl Redlock {
         self.inner.nodes.iter().map(|n| n.label.clone()).collect()
     }
 
+    /// The Redis key of lock `name`, `{prefix}:lock:{name}`: it holds the holder's value.
     pub fn lock_key(&self, name: &str) -> String {
         format!("{}:lock:{name}", self.inner.config.key_prefix)
     }
 
+    /// The key of the fence register of lock `name`, `{prefix}:fence:{name}`: the highest
+    /// fencing token issued for the lock.
     pub fn fence_key(&self, name: &str) -> String {
         format!("{}:fence:{name}", self.inner.config.key_prefix)
     }
@@ -622,6 +636,8 @@ impl Redlock {
         Ok(deadline)
     }
 
+    /// The key of the progress register `name`, `{prefix}:progress:{name}`: the highest
+    /// step started under it (a lock's own register has the lock's name).
     pub fn progress_key(&self, name: &str) -> String {
         format!("{}:progress:{name}", self.inner.config.key_prefix)
     }
@@ -755,6 +771,9 @@ impl Redlock {
     /// One request, for a hint only (an orphan check): a node still holding a holder's value
     /// has seen it renewed within a TTL, but one node is no quorum, so nothing that needs the
     /// truth may rest on it.
+    ///
+    /// For tests, which ask a chosen node: the operator calls [`Redlock::value_on_any_node`]
+    /// (which falls back on this one only while the engine is being dropped).
     pub async fn value_on_node(&self, name: &str, which: usize) -> Option<(String, Duration)> {
         self.values_on_node(&[name.to_string()], which)
             .await

@@ -42,7 +42,7 @@ impl fmt::Display for NodeErrorKind {
             Self::Auth => f.write_str("authentication failed (check the Redis user/password)"),
             Self::NoPermission(denied) => write!(
                 f,
-                "the Redis user lacks a right ({denied}); grant what the README's ACL SETUSER line lists"
+                "the Redis user lacks a right ({denied}); grant what the ACL SETUSER line of docs/security.md lists"
             ),
             Self::NoScript => f.write_str("script missing (NOSCRIPT) after reload"),
             Self::WrongValue => f.write_str("lock held by another value"),
@@ -141,7 +141,9 @@ fn denial(err: &redis::RedisError) -> String {
 /// One node's failure, named by its address (credentials redacted).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NodeFailure {
+    /// The node's address, credentials removed.
     pub node: String,
+    /// What went wrong there.
     pub kind: NodeErrorKind,
 }
 
@@ -172,60 +174,122 @@ impl fmt::Display for Failures<'_> {
 /// Bad engine configuration: found before any node is contacted.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum ConfigError {
+    /// The list of nodes is empty.
     #[error("no Redis nodes given: pass at least one redis:// URL (three or more independent nodes for fault tolerance)")]
     NoNodes,
+    /// A node URL cannot be used: not `redis://` or `rediss://`, not parsable, not TCP, without
+    /// a host, with certificate verification turned off, or not one the Redis client takes.
     #[error("Redis node URL {url:?} is not valid: {reason}; expected redis://[user:password@]host:port[/db] or rediss://...")]
-    BadUrl { url: String, reason: String },
+    BadUrl {
+        /// The URL (or the node's address), credentials hidden.
+        url: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// Two URLs name the same node (scheme, host, port and database).
     #[error("Redis node {node} is listed twice: every node must be an independent server")]
-    DuplicateNode { node: String },
+    DuplicateNode {
+        /// The node's address, credentials removed.
+        node: String,
+    },
+    /// A TTL of zero.
     #[error("lock TTL must be greater than zero")]
     ZeroTtl,
+    /// A TTL the clock-drift allowance leaves too little of: in [`LeaseTiming::validate`], one
+    /// under 100 ms or at most twice the allowance; in an acquisition, one at most the allowance.
+    ///
+    /// [`LeaseTiming::validate`]: crate::LeaseTiming::validate
     #[error("lock TTL {ttl:?} leaves no validity after the clock-drift allowance {drift:?}: use a TTL of at least 100ms")]
-    TtlTooShort { ttl: Duration, drift: Duration },
+    TtlTooShort {
+        /// The TTL given.
+        ttl: Duration,
+        /// The clock-drift allowance for that TTL: `ttl × drift_factor + 2 ms`.
+        drift: Duration,
+    },
+    /// A renew interval of zero, or not shorter than the TTL.
     #[error(
         "renew interval {renew:?} must be shorter than the TTL {ttl:?} (ttl/3 is a good default)"
     )]
-    RenewNotBelowTtl { renew: Duration, ttl: Duration },
-    #[error("safety margin {margin:?} plus renew interval {renew:?} must be shorter than the TTL {ttl:?}, or the lease is lost before the first renewal")]
-    MarginTooLarge {
-        margin: Duration,
+    RenewNotBelowTtl {
+        /// The renew interval given.
         renew: Duration,
+        /// The TTL.
         ttl: Duration,
     },
+    /// The safety margin, the renew interval and the clock-drift allowance together reach the
+    /// TTL: the watchdog would give up on the lease before its first renewal.
+    #[error("safety margin {margin:?} plus renew interval {renew:?} must be shorter than the TTL {ttl:?}, or the lease is lost before the first renewal")]
+    MarginTooLarge {
+        /// The safety margin given.
+        margin: Duration,
+        /// The renew interval given.
+        renew: Duration,
+        /// The TTL.
+        ttl: Duration,
+    },
+    /// A request timeout of zero.
     #[error("request timeout must be greater than zero (50ms is the default)")]
     ZeroRequestTimeout,
+    /// A drift factor outside 0 to 0.5, or NaN; the factor as text.
     #[error("drift factor {0} must be within 0 and 0.5")]
     BadDriftFactor(String),
+    /// An empty lock name.
     #[error("lock name must not be empty")]
     EmptyLockName,
+    /// A key prefix that is empty or contains whitespace; the prefix given.
     #[error("key prefix must not be empty or contain whitespace: {0:?}")]
     BadPrefix(String),
+    /// A TLS file cannot be read, is not valid PEM, holds no certificate (or no private key, or
+    /// one of an unsupported type), or (the client key) is not the client certificate's key.
     #[error("TLS {what} {path:?} cannot be used: {reason}")]
     TlsFile {
+        /// Which file: `CA file`, `client certificate file` or `client key file`.
         what: &'static str,
+        /// The file's path.
         path: String,
+        /// What is wrong with it.
         reason: String,
     },
+    /// The password file cannot be read, or is empty.
     #[error("Redis password file {path:?} cannot be used: {reason}")]
-    PasswordFile { path: String, reason: String },
+    PasswordFile {
+        /// The file's path.
+        path: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// Only one of the client certificate file and the client key file is given.
     #[error("a client certificate and its key go together: give both --redis-cert-file and --redis-key-file (LOCKEDJOB_REDIS_CERT_FILE, LOCKEDJOB_REDIS_KEY_FILE), or neither")]
     ClientCertWithoutKey,
+    /// TLS files are given, but a node is plain `redis://`.
     #[error("TLS files are given but Redis node {node} is plain redis://, which would send the lock traffic unencrypted: use rediss:// for every node")]
-    TlsFilesWithPlainNode { node: String },
+    TlsFilesWithPlainNode {
+        /// That node's address, credentials removed.
+        node: String,
+    },
 }
 
 /// Why an acquire, extend or release did not succeed.
 #[derive(Debug, thiserror::Error)]
 pub enum LockError {
+    /// The call's arguments are invalid (an empty lock name, a TTL too short): trying again
+    /// cannot help, so `acquire` returns this at once.
     #[error(transparent)]
     Config(#[from] ConfigError),
 
+    /// Another holder holds the lock, or may: one other value sits on enough nodes, counting
+    /// those that did not answer, to reach a quorum. This attempt gave back what it took.
     #[error("lock {lock:?} is held by someone else ({granted} of {nodes} nodes granted, {quorum} needed); node errors: {}", Failures(failures))]
     Contended {
+        /// The lock name.
         lock: String,
+        /// Nodes that granted this attempt.
         granted: usize,
+        /// Nodes that must agree.
         quorum: usize,
+        /// All nodes.
         nodes: usize,
+        /// Nodes that failed, and those that refused (as [`NodeErrorKind::WrongValue`]).
         failures: Vec<NodeFailure>,
         /// The largest progress-register value the answering nodes hold: with
         /// `try_acquire_step`, `progress >= step` means the holder is running that very step.
@@ -236,48 +300,94 @@ pub enum LockError {
     /// Everyone gave their part back; the next attempt, after a short random delay, can win.
     #[error("lock {lock:?}: split vote, nobody holds it ({granted} of {nodes} nodes granted this attempt, at most {strongest_other} hold any other value, {quorum} needed); try again after a short random delay")]
     SplitVote {
+        /// The lock name.
         lock: String,
+        /// Nodes that granted this attempt.
         granted: usize,
+        /// On how many answering nodes the most common other value sits.
         strongest_other: usize,
+        /// Nodes that must agree.
         quorum: usize,
+        /// All nodes.
         nodes: usize,
+        /// Nodes that failed, and those that refused (as [`NodeErrorKind::WrongValue`]).
         failures: Vec<NodeFailure>,
         /// As in `Contended`.
         progress: u64,
     },
 
+    /// Fewer than a quorum of nodes said yes to a round: to the lock (with no node holding
+    /// another value), the fence, the progress register, or a renewal; `failures` says why.
+    /// An acquisition gave back what it took.
     #[error("no quorum for lock {lock:?}: {granted} of {nodes} nodes answered yes, {quorum} needed; check these nodes: {}", Failures(failures))]
     NoQuorum {
+        /// The lock name.
         lock: String,
+        /// Nodes that said yes.
         granted: usize,
+        /// Nodes that must agree.
         quorum: usize,
+        /// All nodes.
         nodes: usize,
+        /// Nodes that failed or, in a renewal, no longer hold the lease's value.
         failures: Vec<NodeFailure>,
     },
 
+    /// The acquisition attempt or the renewal took so long that the TTL, less that time and
+    /// the clock-drift allowance, left no validity. An acquisition gave back what it took.
     #[error("lock {lock:?}: the attempt took {elapsed:?} of the {ttl:?} TTL, leaving no validity; raise the TTL or look at node latency")]
     NoValidityLeft {
+        /// The lock name.
         lock: String,
+        /// How long the acquisition attempt or the renewal round took.
         elapsed: Duration,
+        /// The lease TTL.
         ttl: Duration,
     },
 
+    /// Phase 2 met a fence at or above its token in each of its 3 rounds: another acquisition
+    /// issued tokens concurrently, so this one gave up and gave back what it took.
     #[error("lock {lock:?}: another acquisition issued fencing token {seen} concurrently (ours {token}); mutual exclusion was not guaranteed, so this attempt was given up")]
-    FenceConflict { lock: String, token: u64, seen: u64 },
+    FenceConflict {
+        /// The lock name.
+        lock: String,
+        /// The token this attempt proposed last.
+        token: u64,
+        /// The largest fence a node reported: at least `token`.
+        seen: u64,
+    },
 
+    /// `acquire` gave up: its wait, or its retries, ran out before an attempt succeeded.
     #[error("lock {lock:?} not acquired within {waited:?} ({attempts} attempts); last: {last}")]
     WaitExpired {
+        /// The lock name.
         lock: String,
+        /// Time since `acquire` began.
         waited: Duration,
+        /// Attempts made.
         attempts: u32,
+        /// The last attempt's error.
         last: Box<LockError>,
     },
 
+    /// The lease's deadline passed, before a renewal began or by the time it came back.
     #[error("lease on {lock:?} has expired (deadline passed); acquire it again")]
-    Expired { lock: String },
+    Expired {
+        /// The lock name.
+        lock: String,
+    },
 
+    /// A quorum granted the lock, but a holder had already started the step asked for, or a
+    /// later one: nothing to do. This attempt gave the lock back.
     #[error("lock {lock:?}: step {step} was already started by an earlier holder (progress {done}); nothing to do")]
-    StepDone { lock: String, step: u64, done: u64 },
+    StepDone {
+        /// The lock name.
+        lock: String,
+        /// The step asked for.
+        step: u64,
+        /// The largest progress register the answering nodes hold: at least `step`.
+        done: u64,
+    },
 }
 
 impl LockError {

@@ -23,6 +23,7 @@ pub struct NodeView {
 }
 
 impl NodeView {
+    /// A node that did not answer: `error` says why, and every other field is empty.
     pub fn failed(node: String, error: String) -> Self {
         Self {
             node,
@@ -43,7 +44,9 @@ impl NodeView {
 /// A lock across the nodes.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct LockView {
+    /// The lock name.
     pub lock: String,
+    /// Nodes that must agree.
     pub quorum: usize,
     /// Nodes that answered.
     pub answered: usize,
@@ -57,10 +60,15 @@ pub struct LockView {
     pub token: Option<u64>,
     /// The highest progress a quorum of the answering nodes has reached, likewise.
     pub progress: Option<u64>,
+    /// Each node's answer ([`Redlock::inspect`](crate::Redlock::inspect) lists them in the
+    /// order the nodes are configured).
     pub nodes: Vec<NodeView>,
 }
 
 impl LockView {
+    /// Sums up the answers `nodes` gave for `lock`, counting only the nodes that answered: the
+    /// holder whose value at least `quorum` of them store, and the highest token and progress
+    /// at least `quorum` of them have reached.
     pub fn new(lock: &str, quorum: usize, nodes: Vec<NodeView>) -> Self {
         let answering: Vec<&NodeView> = nodes.iter().filter(|n| n.error.is_none()).collect();
         let top = most_common(answering.iter().filter_map(|n| n.value.as_deref()));

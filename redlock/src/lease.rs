@@ -57,10 +57,13 @@ impl Lease {
         self.token
     }
 
+    /// The TTL the lock was acquired with, which each renewal sets again on the nodes.
     pub fn ttl(&self) -> Duration {
         self.ttl
     }
 
+    /// When the acquisition began (monotonic clock), before the first node was asked: the
+    /// point its validity counts from.
     pub fn acquired_at(&self) -> Instant {
         self.acquired_at
     }
@@ -75,6 +78,8 @@ impl Lease {
         self.deadline.saturating_duration_since(Instant::now())
     }
 
+    /// True once the deadline has passed: the holder must then assume someone else may hold
+    /// the lock.
     pub fn is_expired(&self) -> bool {
         Instant::now() >= self.deadline
     }

@@ -110,6 +110,8 @@
 //! keep a restarted node out of service for longer than the longest TTL. A node that restarts
 //! without its data can otherwise grant a lock still held elsewhere.
 
+#![deny(missing_docs)]
+
 mod batch;
 mod config;
 mod engine;

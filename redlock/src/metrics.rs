@@ -13,10 +13,14 @@ use std::time::Duration;
 /// How one acquisition attempt ended, as `lockedjob_lock_acquisitions_total{outcome}` counts it.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
 pub enum Outcome {
+    /// A lease was granted.
     Acquired,
+    /// Another holder held the lock, or contenders split the vote
+    /// ([`LockError::is_contended`](crate::LockError::is_contended)).
     Contended,
     /// The lock was free, but the step asked for had already been started by a holder.
     AlreadyDone,
+    /// Any other error: invalid arguments, no quorum, no validity left, a fence conflict.
     Failed,
 }
 
@@ -72,6 +76,7 @@ impl Default for LockMetrics {
 }
 
 impl LockMetrics {
+    /// Metrics at zero, registered nowhere yet.
     pub fn new() -> Self {
         Self {
             redis_requests: Family::default(),
@@ -86,7 +91,7 @@ impl LockMetrics {
         }
     }
 
-    /// Adds these metrics to `registry` (names as the README's alerts use them, under the
+    /// Adds these metrics to `registry` (names as the alerts of docs/operations.md use them, under the
     /// registry's prefix: `lockedjob_` in the operator).
     pub fn register(&self, registry: &mut Registry) {
         registry.register(
@@ -143,6 +148,7 @@ impl LockMetrics {
         out
     }
 
+    /// Counts one acquisition attempt by its outcome, and the time it took.
     pub fn record_acquire(&self, outcome: Outcome, took: Duration) {
         self.acquisitions
             .get_or_create(&OutcomeLabel { outcome })
@@ -150,15 +156,18 @@ impl LockMetrics {
         self.acquire_seconds.observe(took.as_secs_f64());
     }
 
+    /// Counts one lease renewal, as `ok` or `failed`.
     pub fn record_renewal(&self, ok: bool) {
         let result = if ok { "ok" } else { "failed" };
         self.renewals.get_or_create(&ResultLabel { result }).inc();
     }
 
+    /// Counts one release.
     pub fn record_release(&self) {
         self.releases.inc();
     }
 
+    /// Counts one lease lost because no quorum renewed it in time.
     pub fn record_lease_lost(&self) {
         self.lease_losses.inc();
     }
@@ -189,6 +198,8 @@ impl LockMetrics {
             .observe(took.as_secs_f64());
     }
 
+    /// Counts one change seen in the TLS or password files, as `applied` (new connections use
+    /// them) or `refused` (unusable; the ones read before stay in use).
     pub fn record_material_reload(&self, applied: bool) {
         let result = if applied { "applied" } else { "refused" };
         self.material_reloads
@@ -196,6 +207,7 @@ impl LockMetrics {
             .inc();
     }
 
+    /// Sets how many nodes answered the last probe.
     pub fn set_nodes_reachable(&self, nodes: usize) {
         self.nodes_reachable.set(nodes as i64);
     }

@@ -13,12 +13,16 @@ use std::path::{Path, PathBuf};
 /// the client certificate and key go together, for nodes that require mutual TLS.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct TlsFiles {
+    /// PEM bundle of the CA certificates that verify the nodes.
     pub ca_file: Option<PathBuf>,
+    /// PEM client certificate (chain), for mutual TLS; needs `key_file`.
     pub cert_file: Option<PathBuf>,
+    /// PEM private key of `cert_file`.
     pub key_file: Option<PathBuf>,
 }
 
 impl TlsFiles {
+    /// True when none of the three files is given.
     pub fn is_empty(&self) -> bool {
         self.ca_file.is_none() && self.cert_file.is_none() && self.key_file.is_none()
     }

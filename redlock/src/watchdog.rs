@@ -21,8 +21,12 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 /// What the watchdog publishes after each round.
 #[derive(Debug, Clone, Copy)]
 pub struct LeaseStatus {
+    /// The lease's deadline after the last successful renewal (at first, the lease's own),
+    /// already reduced by the clock-drift allowance.
     pub deadline: Instant,
+    /// Successful renewals so far.
     pub renewals: u64,
+    /// Renewal rounds that came back with an error.
     pub failed_rounds: u64,
     /// When the last renewal attempt started; never at or after the deadline.
     pub last_attempt: Option<Instant>,
@@ -37,6 +41,9 @@ pub enum WatchdogEnd {
     Lost(Lease),
 }
 
+/// Renews a lease in a background task, and cancels [`Watchdog::lost`] once
+/// `deadline - safety_margin` comes with no renewal having pushed the deadline further.
+/// Dropping it stops the renewals, and the lease then expires by itself.
 pub struct Watchdog {
     lost: CancellationToken,
     stop: CancellationToken,
@@ -77,10 +84,12 @@ impl Watchdog {
         self.lost.clone()
     }
 
+    /// True once the lease has been declared lost ([`Watchdog::lost`] is cancelled).
     pub fn is_lost(&self) -> bool {
         self.lost.is_cancelled()
     }
 
+    /// The latest status: deadline, renewals and failed rounds.
     pub fn status(&self) -> LeaseStatus {
         *self.status.borrow()
     }
@@ -90,10 +99,12 @@ impl Watchdog {
         self.status.clone()
     }
 
+    /// The name of the lock whose lease is renewed.
     pub fn name(&self) -> &str {
         &self.name
     }
 
+    /// The lease's fencing token; renewals do not change it.
     pub fn token(&self) -> u64 {
         self.token
     }
