@@ -3,13 +3,15 @@
 //!
 //! Layers, each depending only on those before it: [`redlock`] (the lock engine, the crate
 //! `lockedjob-redlock`, re-exported here; no Kubernetes),
-//! [`child`] (a command that cannot outlive its supervisor), [`cli`] (the
-//! subcommands: `exec` runs a command under a lock, `elect` elects a leader for one).
+//! [`child`] (a command that cannot outlive its supervisor), [`elect`] (leader election, and
+//! the lease runner `exec` shares), [`cli`] (the other subcommands: `exec` runs a command under
+//! a lock).
 
 pub mod api;
 pub mod child;
 pub mod cli;
 pub mod controller;
+pub mod elect;
 pub mod http;
 pub mod lab;
 pub mod metrics;

@@ -47,7 +47,7 @@ enum Command {
     /// Exit codes: the command's own when it exits (leadership is released); 128+N when
     /// signal N arrived while campaigning; 0 after SIGTERM/SIGINT with --sidecar or
     /// --observe; 64 bad usage or configuration; 127 command could not be started.
-    Elect(Box<lockedjob::cli::elect::ElectArgs>),
+    Elect(Box<lockedjob::elect::ElectArgs>),
     /// Run the Kubernetes operator: reconcile LockedJobs, run each due Job once under the lock.
     ///
     /// Exit codes: 0 after a graceful shutdown (SIGTERM/SIGINT); 64 bad configuration.
@@ -131,7 +131,7 @@ fn main() {
     let code = runtime.block_on(async move {
         match cli.command {
             Command::Exec(args) => exec::run(*args).await,
-            Command::Elect(args) => lockedjob::cli::elect::run(*args).await,
+            Command::Elect(args) => lockedjob::elect::run(*args).await,
             Command::Operator(args) => lockedjob::controller::run(*args).await,
             Command::LabClient(args) => lockedjob::lab::client::run(args).await,
             Command::Status(args) => lockedjob::cli::status::run(*args).await,

@@ -1,5 +1,5 @@
 //! The exit codes of every subcommand, in one table (sysexits where one fits). `--help` of each
-//! subcommand and the README's "Exit codes" list say which ones it uses.
+//! subcommand and docs/cli.md, "Exit codes", say which ones it uses.
 
 /// Bad usage or configuration: a flag, a URL, a duration, a lock name (EX_USAGE).
 pub const USAGE: i32 = 64;

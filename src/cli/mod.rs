@@ -2,7 +2,6 @@
 //! lab's `lab`), and the exit codes they share. `src/main.rs` parses and dispatches only.
 
 pub mod backfill;
-pub mod elect;
 pub mod exec;
 pub mod exit;
 pub mod next;

@@ -1,6 +1,6 @@
 //! What `lockedjob elect` is given.
 
-use crate::cli::exec::LeaseOptions;
+use super::lease_runner::LeaseOptions;
 use crate::options::{parse_duration, RedisOptions};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -24,8 +24,8 @@ pub struct ElectArgs {
     pub retry_interval: Duration,
     /// This candidate's preference: after a failover, a candidate of higher priority takes
     /// leadership back through a clean handover once it has seen a Redis quorum for
-    /// --reclaim-after; equal priorities never take over from each other (README,
-    /// "Preference and stickiness").
+    /// --reclaim-after; equal priorities never take over from each other
+    /// (docs/leader-election.md, "Preference and stickiness").
     #[arg(long, env = "LOCKEDJOB_ELECT_PRIORITY", default_value_t = 0)]
     pub priority: u32,
     /// How long a candidate of higher priority must see a Redis quorum before it asks the

@@ -1,4 +1,4 @@
-//! `lockedjob elect LOCK -- CMD...`: leader election for a long-running workload. Every replica
+//! Leader election, `lockedjob elect LOCK -- CMD...`: for a long-running workload. Every replica
 //! campaigns for the same lock; the one that holds it runs CMD with its fencing token, and
 //! stops it before the lease deadline when renewals fail, then campaigns again.
 //! `--observe` prints the leader each time it changes, like `etcdctl elect -l`.
@@ -13,6 +13,7 @@
 mod args;
 mod ended;
 mod kubernetes;
+pub mod lease_runner;
 mod metrics;
 mod observe;
 mod preference;
@@ -28,7 +29,6 @@ pub use observe::Observed;
 pub use token_file::LeaderRecord;
 
 use crate::child::{self, Signals};
-use crate::cli::exec::{next_deadline, LeaseEvent, Ran, Work};
 use crate::cli::exit;
 use crate::http::Reply;
 use crate::metrics::Metrics;
@@ -36,6 +36,7 @@ use crate::redlock::{Lease, LeaseTiming, LockError, Redlock, Watchdog};
 use ended::{DeadHolders, TerminationMessage};
 use jiff::Timestamp;
 use kubernetes::{EndedLeaders, MirrorError, PodMirror};
+use lease_runner::{next_deadline, LeaseEvent, Ran, Work};
 use metrics::ElectionMetrics;
 use preference::Preference;
 use std::sync::Arc;

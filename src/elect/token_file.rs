@@ -1,7 +1,7 @@
 //! The leader's token file (`--token-file`): what a workload reads to learn that it leads and
 //! with which token.
 
-use crate::cli::exec::LeaseEvent;
+use super::lease_runner::LeaseEvent;
 use crate::redlock::{Lease, LeaseStatus, LeaseTiming};
 use jiff::Timestamp;
 use serde::Serialize;

@@ -335,3 +335,30 @@ fn a_child_that_names_its_parents_item_is_a_cycle() {
     .expect("write");
     assert_eq!(cycle(&module_graph(src)).map(|c| shown(&c)), None);
 }
+
+/// `src/cli/` parses arguments and calls the subsystems: keeping a lease (the watchdog, its
+/// statuses) belongs to the lease runner in `src/elect/`, which `exec` and `elect` share, and
+/// leader election is not filed as a front-end.
+#[test]
+fn command_line_files_keep_no_lease_and_hold_no_election() {
+    let src = Path::new(ROOT).join("src");
+    assert!(
+        !src.join("cli/elect").exists() && !src.join("cli/elect.rs").exists(),
+        "leader election lives in src/elect/, not under src/cli/"
+    );
+    let cli: Vec<(Module, PathBuf)> = modules(&src)
+        .into_iter()
+        .filter(|(module, _)| module.first().is_some_and(|m| m == "cli"))
+        .collect();
+    assert!(cli.len() > 1, "no module read under src/cli/");
+    for (module, path) in cli {
+        let code = code(&path);
+        for lease_logic in ["Watchdog", "LeaseStatus"] {
+            assert!(
+                !code.contains(lease_logic),
+                "{} names {lease_logic}: keeping a lease belongs to src/elect/lease_runner.rs",
+                module.join("::")
+            );
+        }
+    }
+}

@@ -15,7 +15,7 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::api::{Api, PostParams};
 use kube::runtime::{watcher, WatchStreamExt};
-use lockedjob::cli::elect::{lease_name, DEFAULT_RECORD_VALIDITY, LEADER_CONDITION, LEADER_LABEL};
+use lockedjob::elect::{lease_name, DEFAULT_RECORD_VALIDITY, LEADER_CONDITION, LEADER_LABEL};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use serde_json::json;

@@ -23,7 +23,7 @@ use kube::api::{Api, DeleteParams, ListParams, LogParams, PostParams};
 use kube::ResourceExt;
 use localcluster::{LocalCluster, Options, Shared};
 use lockedjob::api::LockedJob;
-use lockedjob::cli::elect::{lease_name, DEFAULT_RECORD_VALIDITY};
+use lockedjob::elect::{lease_name, DEFAULT_RECORD_VALIDITY};
 use serde_json::json;
 use std::collections::BTreeMap;
 use std::net::{SocketAddr, TcpStream};
@@ -807,7 +807,7 @@ async fn governing_services(client: &kube::Client, ns: &str) -> BTreeMap<String,
 
 /// An install of the previous chart upgrades in place: a StatefulSet's `serviceName` cannot
 /// change, so the upgrade keeps the ClusterIP Service as the governing one, adds the headless
-/// Services beside, and the release keeps granting locks. Then the README's migration
+/// Services beside, and the release keeps granting locks. Then the migration of docs/chart.md
 /// ("Upgrading from chart 0.1.0"): the StatefulSets deleted with `--cascade=orphan`, the chart
 /// upgraded again, each node restarted in turn; after it, every Redis pod answers at its own
 /// DNS name. The release shares its name with the other test's, in another namespace.
@@ -875,7 +875,7 @@ async fn an_install_of_the_previous_chart_upgrades_and_migrates_to_headless_serv
     );
 }
 
-/// The README's migration, command by command: the StatefulSets recreated around their pods,
+/// The migration of docs/chart.md, command by command: the StatefulSets recreated around their pods,
 /// then one `rollout restart` for all of them, which the operator carries out one node at a
 /// time (the StatefulSets are `OnDelete`).
 async fn migrate_to_headless_services(cluster: &LocalCluster, client: &kube::Client, ns: &str) {
