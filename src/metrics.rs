@@ -158,7 +158,7 @@ pub enum RunResult {
 }
 
 impl RunResult {
-    /// The label value (the README's alerts use these).
+    /// The label value (the alerts of docs/operations.md use these).
     pub fn label(self) -> &'static str {
         match self {
             RunResult::Succeeded => "succeeded",

@@ -40,7 +40,7 @@ pub struct RedisOptions {
     #[arg(long, env = "LOCKEDJOB_REDIS_PASSWORD", hide_env_values = true)]
     pub redis_password: Option<String>,
     /// File holding the Redis password (e.g. a mounted Secret), read again when it changes:
-    /// new connections use the new password, with no restart (README, "Rotation").
+    /// new connections use the new password, with no restart (docs/security.md, "Rotation").
     #[arg(
         long,
         env = "LOCKEDJOB_REDIS_PASSWORD_FILE",

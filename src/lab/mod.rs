@@ -2,7 +2,7 @@
 //! nodes under a scripted fault, records every lock operation and critical section, checks the
 //! history, and writes `report.json` and `timeline.svg`.
 //!
-//! Needs `redis-server` (and `cc` for `clock-jump`) on the machine; see the README.
+//! Needs `redis-server` (and `cc` for `clock-jump`) on the machine; see docs/lab.md.
 
 pub mod checker;
 pub mod client;

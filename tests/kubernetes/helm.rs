@@ -685,7 +685,7 @@ async fn upgrade_keeps_the_chart_made_password_and_uninstall_keeps_the_secret() 
     );
 }
 
-/// Mutual TLS and the README's least-privilege user, both from Secrets: the chart's replicas
+/// Mutual TLS and the least-privilege user of docs/security.md, both from Secrets: the chart's replicas
 /// verify the nodes with the CA Secret, show the client certificate from theirs, log in as the
 /// ACL user, become Ready (a quorum answers them) and run each due time once; no node denied
 /// anything.
@@ -804,7 +804,7 @@ async fn mutual_tls_and_the_acl_user_from_secrets() {
     assert_eq!(
         support::acl_denials(&nodes.nodes),
         Vec::<String>::new(),
-        "the operator needed no right beyond the README's"
+        "the operator needed no right beyond docs/security.md's"
     );
     api.delete("over-tls", &DeleteParams::default())
         .await

@@ -1064,7 +1064,7 @@ fn sigterm_ends_a_replica_whose_api_server_cannot_be_reached() {
     );
 }
 
-/// Rotation (README, "Rotation"): the nodes' CA and certificates, the replicas' client
+/// Rotation (docs/security.md, "Rotation"): the nodes' CA and certificates, the replicas' client
 /// certificate and the Redis password all change while a LockedJob runs every 2 s across 3
 /// replicas, from files laid out as Secret volumes: every due time runs once, no replica
 /// restarts, and the runs go on after every connection is cut, which the nodes then accept

@@ -1,5 +1,5 @@
-//! The least-privilege Redis user of the README, created on real nodes: the engine, `exec` and
-//! the operator's calls work with exactly those rights, and each right taken away fails the
+//! The least-privilege Redis user of docs/security.md, created on real nodes: the engine, `exec`
+//! and the operator's calls work with exactly those rights, and each right taken away fails the
 //! attempt with a message naming it, never a hang and never a lock counted as held.
 
 use testsupport as support;
@@ -223,20 +223,21 @@ async fn a_wrong_password_or_unknown_user_is_reported_as_authentication() {
     }
 }
 
-/// The README's answer to "may other lock clients share the nodes": the operator's user is
-/// refused `EVAL` (redsync's fallback when a node's script cache is empty), and the user the
-/// README gives such a client runs `EVAL` on its own keys but cannot touch the operator's.
+/// The answer of docs/security.md ("Other clients on the lock nodes") to "may other lock
+/// clients share the nodes": the operator's user is refused `EVAL` (redsync's fallback when a
+/// node's script cache is empty), and the user the page gives such a client runs `EVAL` on its
+/// own keys but cannot touch the operator's.
 #[test]
 #[ignore = "redis tier: real redis-server; run with scripts/test.sh redis"]
 fn another_lock_client_needs_a_user_of_its_own_and_cannot_reach_the_operators_keys() {
     let nodes = RedisNodes::start(1, Persistence::None).expect("redis node");
     support::create_acl_user(&nodes, &support::readme_acl_setuser(PASSWORD));
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
-        .expect("README.md");
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/security.md"))
+        .expect("docs/security.md");
     let other_user: Vec<String> = readme
         .lines()
         .find(|line| line.starts_with("ACL SETUSER redsync "))
-        .expect("the README's line for another client's user")
+        .expect("docs/security.md's line for another client's user")
         .split_whitespace()
         .map(|word| word.replace("<password>", "other-secret"))
         .collect();

@@ -36,7 +36,7 @@ fn start_script(dir: &Path, port: u16, delay: u64) -> Command {
     command
 }
 
-/// The rules after the password in the README's ACL line, and in the start script's user line.
+/// The rules after the password in the ACL line of docs/security.md, and in the start script's user line.
 fn rules_after_password(line: &str) -> Vec<String> {
     line.split_whitespace()
         .skip_while(|word| !(word.starts_with('>') || word.starts_with('#')))
@@ -82,7 +82,7 @@ fn lock_as(
 const PASSWORD: &str = "s3cr\"et";
 
 /// The chart's redis.conf and start-redis.sh, run for real: the node stays out of service for
-/// the restart delay, then serves with AOF fsynced on every write, no FLUSHALL, the README's
+/// the restart delay, then serves with AOF fsynced on every write, no FLUSHALL, docs/security.md's
 /// least-privilege user for the engine and the user `monitoring` for monitoring only; nobody
 /// logs in as the default user.
 #[test]
@@ -190,7 +190,7 @@ fn chart_redis_node_starts_after_its_delay_with_its_durability_settings() {
     assert_eq!(
         rules_after_password(user_line),
         rules_after_password(&readme_acl_line()),
-        "the chart's nodes grant what the README documents"
+        "the chart's nodes grant what docs/security.md documents"
     );
     let password_in_ps =
         std::fs::read_to_string(format!("/proc/{}/cmdline", _server.0.id())).unwrap_or_default();
@@ -243,7 +243,7 @@ fn a_restarted_chart_node_keeps_its_fences_with_the_password_on() {
     }
 }
 
-/// The chart's part of a password rotation (README, "Rotation"): a node started with the
+/// The chart's part of a password rotation (docs/security.md, "Rotation"): a node started with the
 /// Secret's next password accepts both; restarted once the Secret holds only the new one, it
 /// refuses the old.
 #[test]

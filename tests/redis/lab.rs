@@ -2,7 +2,7 @@
 //! `lockedjob lab` binary: real redis-server nodes, client processes, faults. Each must reach
 //! its expected verdict with both checkers, the lab's and the independent one (porcupine,
 //! `tools/porcupine-check`), and leave a report and a timeline. The full runs of all seven
-//! scenarios are one command in the README.
+//! scenarios are one command in docs/lab.md.
 
 use testsupport as support;
 

@@ -325,7 +325,7 @@ async fn the_password_rotates_with_no_run_missed_doubled_or_lease_lost() {
     let engines = engines(nodes.urls(), TlsFiles::default(), credentials.clone());
     let (leader, watchdog, replicas) = start_work(&engines).await;
 
-    // The README's sequence: the new password on every node, then the Secret, then the old
+    // The sequence of docs/security.md: the new password on every node, then the Secret, then the old
     // password removed once every replica uses the new one.
     set_password_rule(&nodes, USER, ">new-password");
     let before = applied(&engines);

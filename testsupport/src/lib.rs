@@ -270,13 +270,14 @@ pub fn free_ports(n: usize) -> Vec<u16> {
     (0..n).map(|_| free_port()).collect()
 }
 
-/// The README's least-privilege `ACL SETUSER` line (after its marker), split into arguments,
-/// with `password` for `<password>`: tests create exactly the documented user.
+/// The least-privilege `ACL SETUSER` line of docs/security.md ("ACL user", after its marker;
+/// it was the README's), split into arguments, with `password` for `<password>`: tests create
+/// exactly the documented user.
 pub fn readme_acl_setuser(password: &str) -> Vec<String> {
-    let readme = std::fs::read_to_string(repo("README.md")).expect("README.md");
+    let readme = std::fs::read_to_string(repo("docs/security.md")).expect("docs/security.md");
     let (_, after) = readme
         .split_once("<!-- tests/redis/acl.rs runs the next line")
-        .expect("the README marks its ACL line");
+        .expect("docs/security.md marks its ACL line");
     let line = after
         .lines()
         .find(|line| line.starts_with("ACL SETUSER"))

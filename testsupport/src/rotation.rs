@@ -97,12 +97,12 @@ pub fn config_set(nodes: &RedisNodes, parameter: &str, value: &Path) {
     }
 }
 
-/// The README's user `user` on every node, its passwords changed by `change` (`>new` adds one,
+/// The user `user` of docs/security.md on every node, its passwords changed by `change` (`>new` adds one,
 /// `<old` removes one), as an operator of the nodes does during a rotation.
 pub fn set_password_rule(nodes: &RedisNodes, user: &str, change: &str) {
     let documented = super::readme_acl_setuser("unused");
     let mut args: Vec<&str> = vec!["ACL", "SETUSER", user];
-    // The README's rights, without its password.
+    // The rights of docs/security.md, without its password.
     args.extend(
         documented
             .iter()

@@ -12,7 +12,7 @@
 #                          can log in as the default user (written to a private include file as
 #                          a SHA-256, never on the command line where `ps` would show it)
 #   REDIS_NEXT_PASSWORD    when set too: a second password the same users accept, for a
-#                          rotation (README, "Rotation")
+#                          rotation (docs/security.md, "Rotation")
 #   REDIS_USER             that user's name (default lockedjob)
 #   REDIS_KEY_PREFIX       the operator's key prefix (default lockedjob)
 #   REDIS_MONITORING_USER  when "yes", the user `monitoring` logs in with the same password,
@@ -41,7 +41,7 @@ esac
 [ -d "$data_dir" ] && [ -w "$data_dir" ] || { echo "start-redis: the data directory $data_dir is missing or not writable" >&2; exit 64; }
 
 # The engine's rights: its scripts (loaded once per connection, run by SHA) and the commands
-# they call, on its keys only. The README's ACL SETUSER line lists the same; a test compares.
+# they call, on its keys only. The ACL SETUSER line of docs/security.md lists the same; a test compares.
 engine_rights='resetchannels -@all +evalsha +script|load +get +set +pexpire +del +pttl'
 monitoring_rights='resetchannels -@all +ping +info +config|get +client|list +slowlog|get +slowlog|len +latency|latest +memory|stats +dbsize'
 user="${REDIS_USER:-lockedjob}"
