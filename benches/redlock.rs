@@ -191,7 +191,9 @@ fn ms(d: Duration) -> String {
 }
 
 /// `BENCH_ONLY=lockedjob|rslock`: that variant alone, 64 tasks (`BENCH_TASKS`) on 5 nodes
-/// (`BENCH_NODES`), for a profiler:
+/// (`BENCH_NODES`), for a profiler, built with symbols (the release profile strips them):
+/// `CARGO_PROFILE_BENCH_STRIP=false CARGO_PROFILE_BENCH_DEBUG=line-tables-only cargo bench
+/// --bench redlock --no-run`, then
 /// `BENCH_ONLY=lockedjob BENCH_OPS=40000 perf record -g target/release/deps/redlock-* --bench`.
 async fn profile_one(variant: &str, ops: usize) {
     let setting = |name: &str, default: usize| {

@@ -7,7 +7,7 @@
 //! Then the image is opened as a runtime would: its configuration (user 65532, entrypoint,
 //! port), its files (no shell, CA certificates, nonroot's passwd entry), and the binary run
 //! from its root file system as user 65532, which fails if a shared library it loads is
-//! missing. The chart's image on the real node is this one (`tests/kubernetes/real_node_chart.rs`).
+//! missing; and its size, at most 50 MB uncompressed. The chart's image on the real node is this one (`tests/kubernetes/real_node_chart.rs`).
 //! Needs root.
 
 use testsupport as support;
@@ -108,6 +108,17 @@ fn the_dockerfile_builds_an_image_like_distroless_cc_that_runs_as_nonroot() {
 
     let root = tempfile::tempdir().expect("tempdir");
     archive.unpack(&layers, root.path());
+    // Every node pulls the image on every upgrade (issue 46): the layers, uncompressed, as
+    // `docker images` counts them (MB of 10^6 bytes).
+    let size: usize = layers.iter().map(|l| archive.file(l).len()).sum();
+    let binary = std::fs::metadata(root.path().join("usr/local/bin/lockedjob"))
+        .expect("the binary")
+        .len();
+    eprintln!("the image: {size} bytes uncompressed, the binary {binary}");
+    assert!(
+        size <= 50_000_000,
+        "the image is {size} bytes uncompressed, the binary {binary}: over 50 MB"
+    );
     let has = |path: &str| root.path().join(path).symlink_metadata().is_ok();
     for shell in [
         "bin/sh",
