@@ -1,5 +1,6 @@
-//! The exit codes of every subcommand, in one table (sysexits where one fits). `--help` of each
-//! subcommand and docs/cli.md, "Exit codes", say which ones it uses.
+//! The exit codes of every subcommand, in one table (sysexits where one fits), below the
+//! subsystems that return them. `--help` of each subcommand and docs/cli.md, "Exit codes", say
+//! which ones it uses.
 
 /// Bad usage or configuration: a flag, a URL, a duration, a lock name (EX_USAGE).
 pub const USAGE: i32 = 64;

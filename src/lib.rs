@@ -12,6 +12,7 @@ pub mod child;
 pub mod cli;
 pub mod controller;
 pub mod elect;
+pub mod exit;
 pub mod http;
 pub mod lab;
 pub mod metrics;

@@ -2,7 +2,7 @@
 
 use clap::{CommandFactory, Parser, Subcommand, ValueEnum};
 use lockedjob::cli::exec::{self, ExecArgs};
-use lockedjob::cli::exit;
+use lockedjob::exit;
 
 #[derive(Parser)]
 #[command(

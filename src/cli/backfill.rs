@@ -3,7 +3,7 @@
 //! removes it; with neither, shows the backfill's progress from the LockedJob's status.
 
 use crate::api::{BackfillStatus, LockedJob, ANNOTATION_BACKFILL};
-use crate::cli::exit;
+use crate::exit;
 use crate::schedule::{BackfillRange, Schedule};
 use jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams};

@@ -7,8 +7,8 @@
 //! [`exit::SPAWN_FAILED`] when the command could not be started.
 
 use crate::child::{self, Signals};
-use crate::cli::exit;
 use crate::elect::lease_runner::{LeaseOptions, Ran, Work};
+use crate::exit;
 use crate::options::{parse_duration, RedisOptions};
 use crate::redlock::{LeaseTiming, LockError, Redlock, DEFAULT_TTL};
 use std::time::Duration;

@@ -2,7 +2,7 @@
 //! LockedJob in the cluster, for checking an expression before applying it.
 
 use crate::api::LockedJob;
-use crate::cli::exit;
+use crate::exit;
 use crate::schedule::Schedule;
 use jiff::Timestamp;
 use kube::api::Api;

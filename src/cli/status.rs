@@ -1,7 +1,7 @@
 //! `lockedjob status LOCK`: who holds a lock and what every node stores for it, like
 //! `etcdctl lock` users read with `etcdctl get --prefix`. Reads only.
 
-use crate::cli::exit;
+use crate::exit;
 use crate::options::RedisOptions;
 use crate::redlock::{LockView, Redlock};
 use jiff::Timestamp;

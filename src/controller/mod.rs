@@ -27,7 +27,7 @@ pub use memory::return_large_allocations_to_the_system;
 pub use names::{FINALIZER, MANAGER};
 
 use crate::api::LockedJob;
-use crate::cli::exit;
+use crate::exit;
 use crate::metrics::Metrics;
 use crate::options::RedisOptions;
 use crate::redlock::Redlock;

@@ -27,7 +27,7 @@ pub struct LeaseOptions {
 }
 
 impl LeaseOptions {
-    /// The lease's timing for `ttl`: these options where given, the defaults of
+    /// The lease's timing for `ttl`: these options where they were given, the defaults of
     /// [`LeaseTiming::from_ttl`] otherwise.
     pub fn timing(&self, ttl: Duration) -> LeaseTiming {
         LeaseTiming::from_ttl_or(ttl, self.renew_interval, self.safety_margin)

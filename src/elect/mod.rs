@@ -29,7 +29,7 @@ pub use observe::Observed;
 pub use token_file::LeaderRecord;
 
 use crate::child::{self, Signals};
-use crate::cli::exit;
+use crate::exit;
 use crate::http::Reply;
 use crate::metrics::Metrics;
 use crate::redlock::{Lease, LeaseTiming, LockError, Redlock, Watchdog};

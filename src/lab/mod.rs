@@ -27,8 +27,8 @@ use std::path::{Path, PathBuf};
 /// Exit codes of `lockedjob lab`.
 pub const EXIT_AS_EXPECTED: i32 = 0;
 pub const EXIT_UNEXPECTED: i32 = 1;
-pub const EXIT_USAGE: i32 = crate::cli::exit::USAGE;
-pub const EXIT_UNAVAILABLE: i32 = crate::cli::exit::UNAVAILABLE;
+pub const EXIT_USAGE: i32 = crate::exit::USAGE;
+pub const EXIT_UNAVAILABLE: i32 = crate::exit::UNAVAILABLE;
 
 #[derive(Debug, Clone, Args)]
 pub struct LabArgs {

@@ -336,11 +336,23 @@ fn a_child_that_names_its_parents_item_is_a_cycle() {
     assert_eq!(cycle(&module_graph(src)).map(|c| shown(&c)), None);
 }
 
-/// `src/cli/` parses arguments and calls the subsystems: keeping a lease (the watchdog, its
-/// statuses) belongs to the lease runner in `src/elect/`, which `exec` and `elect` share, and
-/// leader election is not filed as a front-end.
+/// `src/cli/` parses arguments and calls the subsystems, which never reach back up into it:
+/// keeping a lease (the watchdog, its statuses) belongs to the lease runner in `src/elect/`,
+/// which `exec` and `elect` share, and leader election is not filed as a front-end.
 #[test]
 fn command_line_files_keep_no_lease_and_hold_no_election() {
+    let is_cli = |module: &Module| module.first().is_some_and(|m| m == "cli");
+    for (module, dependencies) in module_graph(&Path::new(ROOT).join("src")) {
+        // The crate root declares `cli`; every other module is a subsystem or below.
+        let subsystem = !module.is_empty() && !is_cli(&module);
+        if let Some(cli) = dependencies.iter().find(|d| subsystem && is_cli(d)) {
+            panic!(
+                "{} reaches up into the command line ({}): a subsystem is called by src/cli/, not the reverse",
+                module.join("::"),
+                cli.join("::")
+            );
+        }
+    }
     let src = Path::new(ROOT).join("src");
     assert!(
         !src.join("cli/elect").exists() && !src.join("cli/elect.rs").exists(),

@@ -287,7 +287,7 @@ pub fn readme_acl_setuser(password: &str) -> Vec<String> {
         .collect()
 }
 
-/// Creates (or replaces) the README's user on every node.
+/// Creates (or replaces) the user of docs/security.md on every node.
 pub fn create_acl_user(nodes: &RedisNodes, acl: &[String]) {
     let args: Vec<&str> = acl.iter().map(String::as_str).collect();
     let user = args.get(2).copied().expect("ACL SETUSER <user> ...");
