@@ -137,11 +137,21 @@ impl Redlock {
     /// Counts into metrics of its own; see [`Redlock::with_metrics`]. Inside a Tokio runtime,
     /// the TLS and password files are read again every `reload_interval` while the engine
     /// lives, and new connections use what changed.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError`] when the configuration cannot work: no nodes, a node given twice, a URL
+    /// that does not parse, a zero request timeout, a drift factor or key prefix out of range.
+    /// Nothing is sent to a node before this returns.
     pub fn new(config: RedlockConfig) -> Result<Self, ConfigError> {
         Self::with_metrics(config, LockMetrics::new())
     }
 
     /// Like [`Redlock::new`], counting into `metrics` (the operator's, which `/metrics` shows).
+    ///
+    /// # Errors
+    ///
+    /// Those of [`Redlock::new`].
     pub fn with_metrics(config: RedlockConfig, metrics: LockMetrics) -> Result<Self, ConfigError> {
         let watch = reload::Watch::new(config.watched_files());
         let parsed = config.parse_nodes()?;
@@ -237,7 +247,19 @@ impl Redlock {
         format!("{}:fence:{name}", self.inner.config.key_prefix)
     }
 
-    /// One attempt, no retries.
+    /// One attempt, no retries. The lease's token is larger than every token issued for `name`
+    /// before, and its deadline is already reduced by the clock-drift allowance.
+    ///
+    /// # Errors
+    ///
+    /// - [`LockError::Config`]: an empty name, a zero TTL, or a TTL within the drift allowance;
+    /// - [`LockError::Contended`] or [`LockError::SplitVote`]: another holder has the lock on
+    ///   enough nodes that no quorum was ours (try again later);
+    /// - [`LockError::NoQuorum`]: too few nodes answered or agreed (node failures listed);
+    /// - [`LockError::NoValidityLeft`]: the quorum took longer than the TTL allows;
+    /// - [`LockError::FenceConflict`]: the fence kept moving under concurrent holders.
+    ///
+    /// In every case what this attempt took on any node is given back before it returns.
     pub async fn try_acquire(&self, name: &str, ttl: Duration) -> Result<Lease, LockError> {
         let started = Instant::now();
         let result = self.attempt(name, ttl, None).await;
@@ -252,6 +274,11 @@ impl Redlock {
     /// `step` in phase 2, in the same round trips as the lock and the fence: a lease comes back
     /// only if no earlier holder started `step` or a later one, with `LockError::StepDone`
     /// otherwise. Two quorums intersect, so a holder that raised the register is always seen.
+    ///
+    /// # Errors
+    ///
+    /// Those of [`Redlock::try_acquire`], and [`LockError::StepDone`] when a quorum granted the
+    /// lock but a holder already started `step` or a later one.
     pub async fn try_acquire_step(
         &self,
         name: &str,
@@ -264,6 +291,10 @@ impl Redlock {
     /// Like [`Redlock::try_acquire_step`], but with the progress register of `register`
     /// instead of the lock's own: a sequence of steps of its own (a backfill) under the same
     /// lock and fence, so its runs exclude the schedule's and their tokens keep growing.
+    ///
+    /// # Errors
+    ///
+    /// Those of [`Redlock::try_acquire_step`].
     pub async fn try_acquire_step_in(
         &self,
         name: &str,
@@ -281,6 +312,12 @@ impl Redlock {
 
     /// Attempts until success, retrying with full-jitter backoff. With `wait`, retries until
     /// that much time has passed; without, makes `retry_count` extra attempts.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::Config`] at once, for what no retry can fix; otherwise
+    /// [`LockError::WaitExpired`] once the wait or the attempts are used up, with the last
+    /// attempt's error inside.
     pub async fn acquire(
         &self,
         name: &str,
@@ -529,6 +566,14 @@ impl Redlock {
 
     /// Pushes the lease's expiry out by its TTL on a quorum, within the current validity. The new
     /// deadline counts from the moment the extend began. Never re-creates an expired key.
+    ///
+    /// # Errors
+    ///
+    /// - [`LockError::Expired`]: the lease's deadline had passed; nothing was sent;
+    /// - [`LockError::NoQuorum`]: fewer than a quorum still held this lease's value;
+    /// - [`LockError::NoValidityLeft`]: the round ended past the new deadline.
+    ///
+    /// After any of these the holder must assume the lock may be someone else's.
     pub async fn extend(&self, lease: &Lease) -> Result<Instant, LockError> {
         let mut results = self.extend_many(&[lease]).await;
         results
@@ -540,6 +585,10 @@ impl Redlock {
     /// round (the watchdog's choice: `batch::renewal_linger`).
     /// What the watchdog calls: with hundreds of leases in work, each node then sees about one
     /// request per round of renewals instead of one per lease (docs/design.md, "Renewal").
+    ///
+    /// # Errors
+    ///
+    /// Those of [`Redlock::extend`].
     pub async fn renew(&self, lease: &Lease, linger: Duration) -> Result<Instant, LockError> {
         let renewals = &self.inner.renewals;
         self.in_shared_round(renewals, lease.clone(), linger, self.extend(lease))
@@ -562,7 +611,8 @@ impl Redlock {
     }
 
     /// [`Redlock::extend`] for several leases in one round: each node gets one script call for
-    /// all of them. Answers once per lease, in order, as `extend` would have for it alone.
+    /// all of them. Answers once per lease, in order, as `extend` would have for it alone,
+    /// errors included (those of [`Redlock::extend`]).
     pub async fn extend_many(&self, leases: &[&Lease]) -> Vec<Result<Instant, LockError>> {
         let start = Instant::now();
         let live = |lease: &&&Lease| lease.deadline > start;

@@ -57,6 +57,10 @@ pub struct Watchdog {
 
 impl Watchdog {
     /// Starts renewing `lease` in a background task.
+    ///
+    /// # Panics
+    ///
+    /// Outside a Tokio runtime, as `tokio::spawn` does.
     pub fn spawn(engine: Redlock, lease: Lease, timing: LeaseTiming) -> Self {
         let lost = CancellationToken::new();
         let stop = CancellationToken::new();
