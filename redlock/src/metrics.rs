@@ -91,8 +91,8 @@ impl LockMetrics {
         }
     }
 
-    /// Adds these metrics to `registry` (names as the alerts of docs/operations.md use them, under the
-    /// registry's prefix: `lockedjob_` in the operator).
+    /// Adds these metrics to `registry` (names as the alerts of docs/operations.md use them,
+    /// under the registry's prefix: `lockedjob_` in the operator).
     pub fn register(&self, registry: &mut Registry) {
         registry.register(
             "redis_requests",

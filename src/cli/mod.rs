@@ -1,5 +1,5 @@
 //! The command-line front-ends, one module a subcommand (the operator's is `controller`, the
-//! lab's `lab`, leader election's `elect`; the exit codes they share are `exit`).
+//! lab's `lab`, leader election's `elect`; the exit codes they share are `crate::exit`).
 //! `src/main.rs` parses and dispatches only.
 
 pub mod backfill;

@@ -341,8 +341,9 @@ fn a_child_that_names_its_parents_item_is_a_cycle() {
 /// which `exec` and `elect` share, and leader election is not filed as a front-end.
 #[test]
 fn command_line_files_keep_no_lease_and_hold_no_election() {
+    let src = Path::new(ROOT).join("src");
     let is_cli = |module: &Module| module.first().is_some_and(|m| m == "cli");
-    for (module, dependencies) in module_graph(&Path::new(ROOT).join("src")) {
+    for (module, dependencies) in module_graph(&src) {
         // The crate root declares `cli`; every other module is a subsystem or below.
         let subsystem = !module.is_empty() && !is_cli(&module);
         if let Some(cli) = dependencies.iter().find(|d| subsystem && is_cli(d)) {
@@ -353,14 +354,13 @@ fn command_line_files_keep_no_lease_and_hold_no_election() {
             );
         }
     }
-    let src = Path::new(ROOT).join("src");
     assert!(
         !src.join("cli/elect").exists() && !src.join("cli/elect.rs").exists(),
         "leader election lives in src/elect/, not under src/cli/"
     );
     let cli: Vec<(Module, PathBuf)> = modules(&src)
         .into_iter()
-        .filter(|(module, _)| module.first().is_some_and(|m| m == "cli"))
+        .filter(|(module, _)| is_cli(module))
         .collect();
     assert!(cli.len() > 1, "no module read under src/cli/");
     for (module, path) in cli {

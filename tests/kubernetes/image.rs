@@ -7,7 +7,8 @@
 //! Then the image is opened as a runtime would: its configuration (user 65532, entrypoint,
 //! port), its files (no shell, CA certificates, nonroot's passwd entry), and the binary run
 //! from its root file system as user 65532, which fails if a shared library it loads is
-//! missing; and its size, at most 50 MB uncompressed. The chart's image on the real node is this one (`tests/kubernetes/real_node_chart.rs`).
+//! missing; and its size, at most 50 MB uncompressed. The chart's image on the real node is
+//! this one (`tests/kubernetes/real_node_chart.rs`).
 //! Needs root.
 
 use testsupport as support;
